@@ -15,7 +15,13 @@ import torch
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.flops import model_config
-from slime_core.train_step import StepBackend, can_reuse_old_log_probs, step_denominator, train_on_rollout
+from slime_core.train_step import (
+    StepBackend,
+    can_reuse_old_log_probs,
+    runs_no_grad_forward,
+    step_denominator,
+    train_on_rollout,
+)
 
 ATOL = 1e-6
 
@@ -134,6 +140,32 @@ def test_reuse_rule():
     assert not can_reuse_old_log_probs(_cfg(kl_coef=0.1), one)  # reward KL needs them before training
     assert not can_reuse_old_log_probs(_cfg(advantage_estimator="gspo"), one)  # the spec says no
     assert not can_reuse_old_log_probs(_cfg(advantage_estimator="rloo"), one)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, False),  # one step: old = detach(current)
+        ({"num_steps_per_rollout": 2}, True),
+        ({"kl_coef": 0.1}, True),  # reward KL: old and reference log-probs before training
+        ({"use_kl_loss": True, "kl_loss_coef": 0.01}, True),  # the reference forward
+        ({"advantage_estimator": "gspo"}, True),  # its spec reuses nothing
+        ({"use_rollout_logprobs": True}, False),
+        ({"use_rollout_logprobs": True, "get_mismatch_metrics": True}, False),  # taken from the training forward
+        ({"use_rollout_logprobs": True, "get_mismatch_metrics": True, "num_steps_per_rollout": 2}, True),
+        ({"loss_type": "sft_loss", "num_steps_per_rollout": 2}, False),  # the NLL never reads them
+    ],
+)
+def test_runs_no_grad_forward_says_what_a_step_does(fields, expected):
+    """The compile warm-up's predicate (`runs_no_grad_forward`, from the config) against the step itself: a step
+    at that config calls `compute_log_probs` exactly when the predicate says so."""
+    cfg = _cfg(**fields)
+    steps = cfg.num_steps_per_rollout or 1
+    batch = _batch(steps, rollout_log_probs=cfg.use_rollout_logprobs)
+    backend = FakeBackend(batch, with_ref=cfg.with_ref)
+    train_on_rollout(cfg, backend, 0, batch)
+    assert any(call.startswith("log_probs:") for call in backend.calls) is expected, backend.calls
+    assert runs_no_grad_forward(cfg) is expected
 
 
 def test_one_step_grpo_by_hand_and_reused_log_probs():

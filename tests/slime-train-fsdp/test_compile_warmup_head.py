@@ -72,11 +72,14 @@ def test_the_real_step_loads_the_heads_graphs_that_the_warm_up_compiled(tmp_path
     """After `warm_up_head` in one process, a fresh trainer's compute_log_probs + train() miss no FX graph.
 
     The trainer's vocabulary is Qwen3's 151936 (the stand-in's is 256); `--entropy-coef 0` (the default) detaches
-    the entropy, so the head's backward has no entropy term. 3 graphs: the no-grad forward, the training forward
-    (with entropy), the backward. About 40 s on 2 CPU cores, most of it inductor's C++ build in the warm-up.
+    the entropy, so the head's backward has no entropy term. With 4-row chunks each micro-batch's 12 and 15
+    response rows span 3 and 4 chunks: the later chunks' cotangents are slices at storage offsets ≥ 2, which
+    dynamo guards on (on one H100 a 16-row, one-chunk warm-up left that backward graph to the first step). 4
+    graphs: the no-grad forward, the training forward (with entropy), the backward at offset 0 and at ≥ 2.
+    About 60 s on 2 CPU cores, most of it inductor's C++ build in the warm-up.
     """
     ckpt = str(make_tiny_qwen3(tmp_path / "m"))
-    overrides = {"log_probs_head": "fused", "log_probs_chunk_size": -1, "entropy_coef": 0.0, "global_batch_size": 4}
+    overrides = {"log_probs_head": "fused", "log_probs_chunk_size": 4, "entropy_coef": 0.0, "global_batch_size": 4}
     # VEC_ISA_OK=0: no SIMD probing, which builds and loads test programs in every process (~20 s on 2 loaded
     # cores); both processes use it, so the cache keys agree.
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TORCHINDUCTOR_VEC_ISA_OK": "0",

@@ -50,6 +50,7 @@ from slime_core.algorithms.advantages import reward_kl
 from slime_core.algorithms.reducers import sample_means
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
+from slime_core.config.opd import trainer_side_teacher
 from slime_core.estimators import get_estimator
 from slime_core.flops import model_config, throughput_metrics
 from slime_core.goodput import trained_token_sums
@@ -70,6 +71,7 @@ __all__ = [
     "can_reuse_old_log_probs",
     "entropy_has_grad",
     "records_routes",
+    "runs_no_grad_forward",
     "step_denominator",
     "train_on_rollout",
 ]
@@ -143,7 +145,28 @@ def can_reuse_old_log_probs(cfg: SlimeArgs, batch: RolloutBatch) -> bool:
     (`--kl-coef` and `--use-opd` need the old log-probs before training, for the advantages), and the
     estimator's spec allows it; never when `--use-routing-replay` records routes there (`records_routes`).
     """
-    if batch.num_steps != 1 or cfg.kl_coef != 0 or cfg.use_opd:
+    return _reuses_old_log_probs(cfg, batch.num_steps)
+
+
+def runs_no_grad_forward(cfg: SlimeArgs) -> bool:
+    """Whether a train step at this config runs a model forward without gradients before training.
+
+    That is: reference log-probs (`--use-kl-loss` / `--kl-coef`: `cfg.with_ref`), a trainer-side teacher's
+    (`--use-opd` with `--opd-type fsdp|megatron`), a critic's values (`--advantage-estimator ppo`), or the
+    actor's old log-probs (`_old_log_probs`, `_mismatch_train_log_probs`), judged with
+    `cfg.num_steps_per_rollout` steps a rollout. The compile warm-up skips its no-grad graphs when False (its
+    graphs are then never used). A step whose batch has another step count than the config's may differ.
+    """
+    if cfg.with_ref or trainer_side_teacher(cfg) or cfg.advantage_estimator == "ppo":
+        return True
+    reuses = _reuses_old_log_probs(cfg, cfg.num_steps_per_rollout or 1)
+    if cfg.use_rollout_logprobs:
+        return bool(cfg.get_mismatch_metrics) and not reuses
+    return records_routes(cfg) or (needs_old_log_probs(cfg) and not reuses)
+
+
+def _reuses_old_log_probs(cfg: SlimeArgs, num_steps: int) -> bool:
+    if num_steps != 1 or cfg.kl_coef != 0 or cfg.use_opd:
         return False
     if records_routes(cfg):
         return False  # --use-routing-replay records its routes in the old-log-prob forward (as the original)

@@ -51,7 +51,9 @@ def now_us() -> int:
 def compiled_frames(since_us: int) -> list[str]:
     """One line per frame dynamo compiled since `since_us` (`now_us()`), for a log.
 
-    Each: `function (file:line) S s, AOT h hit / m miss, FX h hit / m miss[, recompiled: reason]`; the backward
+    Each: `function (file:line) S s (dynamo a, AOT b, inductor c, triton d s), AOT h hit / m miss, FX h hit / m
+    miss[, recompiled: reason]`, the parenthesis giving torch's cumulative timers of the compile (nested: the AOT
+    time includes inductor's) where it kept them; the backward
     graph of a frame is compiled on its first backward and listed as its own entry (`backward of ...`). The reason
     is dynamo's failed guard (first 200 characters) when the frame had been compiled before: what differs from the
     graph already made (a shape, a dtype, a Python value).
@@ -66,8 +68,13 @@ def compiled_frames(since_us: int) -> list[str]:
         name = m.co_name or "?"
         seconds = (m.duration_us or 0) / 1e6
         reason = getattr(m, "recompile_reason", None)  # absent in torch before 2.7
+        parts = [f"{label} {us / 1e6:.1f}" for label, us in (
+            ("dynamo", m.dynamo_cumulative_compile_time_us), ("AOT", m.aot_autograd_cumulative_compile_time_us),
+            ("inductor", m.inductor_cumulative_compile_time_us), ("triton", getattr(m, "triton_compile_time_us", None)),
+        ) if us]  # fmt: skip
+        split = f" ({', '.join(parts)} s)" if parts else ""
         lines.append(
-            f"{'backward of ' if m.is_forward is False else ''}{name} ({where}) {seconds:.1f} s, "
+            f"{'backward of ' if m.is_forward is False else ''}{name} ({where}) {seconds:.1f} s{split}, "
             f"AOT {m.aotautograd_local_cache_hit_count or 0} hit / {m.aotautograd_local_cache_miss_count or 0} miss, "
             f"FX {m.inductor_fx_local_cache_hit_count or 0} hit / {m.inductor_fx_local_cache_miss_count or 0} miss"
             + (f", recompiled: {' '.join(str(reason).split())[:200]}" if reason else "")

@@ -98,7 +98,6 @@ _GATE_POLL_S = 0.2
 _VOCAB = 256
 _SEQ_LEN = 512  # tokens per dummy sequence: half prompt, half response
 _SMALL = 1024  # a last, short micro-batch: inductor may guard the first graph on the packed length's regime
-_HEAD_ROWS = 16  # response rows of the head's warm-up (its graphs are dynamic in the rows)
 
 
 def warm_up_token_counts(cfg: SlimeArgs, hidden_size: int, intermediate_size: int, num_layers: int = 1) -> list[int]:
@@ -455,14 +454,15 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
 
     Returns:
         `{"seconds" (from the gate), "compile_seconds", "graphs", "token_counts", "ready_seconds" (the CPU-only
-        part), "gate_wait_seconds", "phases", "frames"}`; `frames` is `compile_stats.compiled_frames`; `phases` maps `process_group`, `model_init`, `log_probs`,
-        `forward_backward` and `head` to `[wall s, of it s in torch.compile]` (GPU work synchronized).
+        part), "gate_wait_seconds", "phases", "frames"}`; `frames` is `compile_stats.compiled_frames`; `phases`
+        maps `process_group`, `model_init`, `log_probs` (only when `runs_no_grad_forward`), `forward_backward` and
+        `head` to `[wall s, of it s in torch.compile]` (GPU work synchronized).
     """
     import torch.distributed as dist
 
     from slime_core.fp8 import trainer_weights_dir
     from slime_core.hf_checkpoint import source_dtype
-    from slime_core.train_step import entropy_has_grad
+    from slime_core.train_step import entropy_has_grad, runs_no_grad_forward
     from slime_train_fsdp.backend import FSDPTrainBackend
     from slime_train_fsdp.compile_stats import compile_seconds, compiled_frames, compiled_graphs
     from slime_train_fsdp.packing import forward_options, set_forward_options
@@ -504,13 +504,15 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
         # The forward reads its options on every call: the step runs the eager head, `warm_up_head` the compiled one.
         set_forward_options(backend.model, dataclasses.replace(options, compile_head=False))
         batch = _dummy_batch(counts)
-        with phase("log_probs"):
-            backend.compute_log_probs(batch)
+        no_grad = runs_no_grad_forward(cfg)
+        if no_grad:  # else no step runs it: 10 s of compiling (qwen3-0.6b, one H100) nothing would load
+            with phase("log_probs"):
+                backend.compute_log_probs(batch)
         entropy_grad = entropy_has_grad(cfg)
         with phase("forward_backward"):
             backend.forward_backward(batch, 0, functools.partial(_loss_like_the_run, entropy_grad), denominator=1.0)
         with phase("head"):
-            warm_up_head(options, vocab_size=int(trained.vocab_size), device=backend.device, cfg=cfg)
+            warm_up_head(options, vocab_size=int(trained.vocab_size), device=backend.device, cfg=cfg, no_grad=no_grad)
     finally:
         dist.destroy_process_group()
     return {"seconds": time.monotonic() - started, "compile_seconds": compile_seconds(),
@@ -518,22 +520,26 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
             "gate_wait_seconds": gate_wait, "phases": phases, "frames": compiled_frames(0)}  # fmt: skip
 
 
-def warm_up_head(options: ForwardOptions, *, vocab_size: int, device: torch.device, cfg: SlimeArgs) -> None:
+def warm_up_head(options: ForwardOptions, *, vocab_size: int, device: torch.device, cfg: SlimeArgs,
+                 no_grad: bool = True) -> None:  # fmt: skip
     """Compiles the log-prob head's graphs as the trained model's steps call it (nothing without a compiled head).
 
     The compiled `fused` head's graphs depend on the vocabulary `V`: inductor guards its `[c, V]` reductions on
-    `V`'s range (CPU, 256-token stand-in: `V <= 4096`, which the 151936 of Qwen3 fails, so its step compiled
-    them again). They do not depend on the hidden width, which only the eager matmul sees. So this runs the head
-    alone on `[rows, 16]` hidden states and a `[V, 16]` weight in the layers' compute dtype: the no-grad pass of
-    `compute_log_probs` (no entropy), and the training pass (entropy) with the backward the step's loss takes:
-    the entropy term only when the run's loss back-propagates through it (`slime_core.train_step.entropy_has_grad`),
-    a different graph.
+    `V`'s range (CPU, 256-token stand-in: `V <= 4096`, which the 151936 of Qwen3 fails, so its step compiled them
+    again). They do not depend on the hidden width, which only the eager matmul sees, nor on a chunk's position
+    (`fused_head._own`). So this runs the head alone on `[rows, 16]` hidden states and a `[V, 16]` weight in the
+    layers' compute dtype, with the rows of one full chunk of `--log-probs-chunk-size` and a shorter last one, as a
+    micro-batch has them: the no-grad pass of `compute_log_probs` (no entropy; when `no_grad`), and the training
+    pass (entropy) with the backward the step's loss takes: the entropy term only when the run's loss
+    back-propagates through it (`slime_core.train_step.entropy_has_grad`), a different graph. GPU memory: one
+    chunk's fp32 logits at a time (`chunk * V * 4` bytes; 0.6 GiB for Qwen3 at 1024 rows), twice in the backward.
 
     Args:
         options: the trained model's `packing.ForwardOptions` (`head`, `compile_head`).
         vocab_size: the trained model's vocabulary (rows of its output weight).
         device: the compute device.
         cfg: reads `rollout_temperature`, `log_probs_chunk_size` and what `entropy_has_grad` reads.
+        no_grad: also compile the no-grad pass (`slime_core.train_step.runs_no_grad_forward`).
     """
     from slime_core.algorithms.fused_head import resolve_chunk_size
     from slime_core.train_step import entropy_has_grad
@@ -543,16 +549,18 @@ def warm_up_head(options: ForwardOptions, *, vocab_size: int, device: torch.devi
     if not options.compile_head:
         return
     chunk = resolve_chunk_size(cfg.log_probs_chunk_size)
-    # At least 2 rows: a 1-row chunk is a graph of its own (dynamo specializes sizes 0 and 1).
-    rows, width, dtype = max(min(chunk, _HEAD_ROWS), 2), 16, compute_dtype(device)
+    # A full chunk (the forward's first call, as in a step) and a last, shorter one (the backward's first call) of
+    # at least 2 rows (dynamo specializes sizes 0 and 1: a graph of its own).
+    rows, width, dtype = chunk + max(chunk // 3, 2), 16, compute_dtype(device)
     g = torch.Generator(device="cpu").manual_seed(0)
     hidden = torch.randn(rows, width, generator=g).to(device, dtype).requires_grad_(True)  # [rows, 16]
     weight = torch.randn(vocab_size, width, generator=g).to(device, dtype).requires_grad_(True)  # [V, 16]
     targets = torch.randint(0, vocab_size, (rows,), generator=g).to(device)  # [rows] int64
     run = functools.partial(head_log_probs, temperature=cfg.rollout_temperature, chunk_size=chunk,
                             head=options.head, compiled=True)  # fmt: skip
-    with torch.no_grad():
-        run(hidden, weight, targets, with_entropy=False)
+    if no_grad:
+        with torch.no_grad():
+            run(hidden, weight, targets, with_entropy=False)
     logp, entropy = run(hidden, weight, targets, with_entropy=True)
     # Cotangents as the step's loss gives them: dense `[rows]` tensors (a plain `.sum()` gives stride-0 ones, which
     # dynamo guards on: another graph).

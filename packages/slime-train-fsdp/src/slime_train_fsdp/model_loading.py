@@ -56,6 +56,7 @@ __all__ = [
     "load_hf_weights_into",
     "loaded_message",
     "read_hf_state_dict",
+    "start_compile_workers",
 ]
 
 
@@ -233,6 +234,26 @@ def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torc
                 module.compile(dynamic=True)
             fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
+    if compile_layers and device.type == "cuda":
+        start_compile_workers()
+
+
+def start_compile_workers() -> None:
+    """Starts inductor's pool of compile worker processes now, in the background, instead of at the first compile.
+
+    At a compile, inductor loads each Triton kernel of the graph (from its caches after the compile warm-up) in
+    the pool's workers once the pool is up, and one by one in this process until then: a pool that only starts at
+    the first compiled step loads that step's kernels serially. Starting it here, minutes before the first
+    compiled step (the warm-up runs meanwhile), takes that wait off the step. `TORCHINDUCTOR_COMPILE_THREADS=1`
+    means no pool (nothing starts). torch's own call (`torch._inductor.async_compile.maybe_warm_pool`, made at the
+    first compile), so a torch without it only loses the head start.
+    """
+    try:
+        from torch._inductor.async_compile import maybe_warm_pool
+
+        maybe_warm_pool()
+    except Exception as exc:  # noqa: BLE001 - private API; without it the first compile starts the pool itself
+        logger.info("inductor's compile workers not started early (%s: %s)", type(exc).__name__, exc)
 
 
 @contextlib.contextmanager

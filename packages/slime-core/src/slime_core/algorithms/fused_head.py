@@ -99,6 +99,19 @@ def _maybe_compiled(fn, device: torch.device, compiled: bool):
     return _compiled(fn) if compiled and device.type == "cuda" else fn
 
 
+def _own(t: torch.Tensor | None) -> torch.Tensor | None:
+    """`t`, copied when it is a view into another tensor (a chunk of the targets or of the cotangent).
+
+    For the compiled functions: dynamo guards a view's storage offset (0 and 1 apart from the rest) and its base's
+    size, and ties equal sizes together ("duck sizing"), so chunk slices made one graph per chunk position and per
+    coincidence of sizes, which the compile warm-up could not all foresee (one H100: 3 of the head's graphs missed
+    at the first compiled step). A `[c]` copy costs nothing next to the `[c, V]` work.
+    """
+    if t is None or (t._base is None and t.storage_offset() == 0):
+        return t
+    return t.clone()
+
+
 def fp32out_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """`h @ w^T` `[c, V]` fp32 (heads `fp32out`, `fused`): fp32 accumulation and output from bf16 tensor cores."""
     if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
@@ -117,7 +130,7 @@ class _FusedChunk(torch.autograd.Function):
             ctx.save_for_backward(h, w, targets, empty, empty, empty)
             return empty.clone(), empty.clone()
         stats = _maybe_compiled(_stats, h.device, compiled)
-        logp, m, lse, entropy = stats(fp32out_logits(h, w), targets, temperature, with_entropy)
+        logp, m, lse, entropy = stats(fp32out_logits(h, w), _own(targets), temperature, with_entropy)
         ctx.save_for_backward(h, w, targets, m, lse, entropy)
         ctx.set_materialize_grads(False)  # a None cotangent skips its term instead of multiplying zeros
         return logp, entropy
@@ -134,8 +147,9 @@ class _FusedChunk(torch.autograd.Function):
             zero_h, zero_w = torch.zeros_like(h) if need_h else None, torch.zeros_like(w) if need_w else None
             return zero_h, zero_w, None, None, None, None
         grad_fn = _maybe_compiled(_grad_logits, h.device, ctx.compiled)
-        g = grad_fn(fp32out_logits(h, w), targets, m, lse, entropy, None if g_logp is None else g_logp.float(),
-                    None if g_entropy is None else g_entropy.float(), ctx.temperature, h.dtype)  # fmt: skip
+        g_logp = None if g_logp is None else _own(g_logp.float())
+        g_entropy = None if g_entropy is None else _own(g_entropy.float())
+        g = grad_fn(fp32out_logits(h, w), _own(targets), m, lse, entropy, g_logp, g_entropy, ctx.temperature, h.dtype)
         grad_h = g @ w.to(h.dtype) if need_h else None
         grad_w = (g.t() @ h).to(w.dtype) if need_w else None
         return grad_h, grad_w, None, None, None, None
