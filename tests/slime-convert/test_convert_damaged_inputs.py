@@ -145,6 +145,27 @@ def test_the_legacy_per_rank_layout_is_named(tiny_hf_model, tmp_path, caplog, gi
     assert "--ckpt-convert-format torch_dist" in caplog.text and not (tmp_path / "h").exists()
 
 
+@pytest.mark.parametrize("given", ["root", "iteration", "model_and_optim"])
+def test_an_fsdp_checkpoint_is_named_as_one(tiny_hf_model, tmp_path, caplog, given):
+    """An FSDP trainer's save was "not a torch_dist checkpoint directory" (root, iteration), or its DCP folder was
+    read as torch_dist and failed on the first Megatron name it lacked."""
+    import torch.distributed.checkpoint as dcp
+
+    model, hf_dir = tiny_hf_model("qwen3")
+    # slime_train_fsdp.checkpoint's layout: iter_<n>/model_and_optim (DCP of {"model": HF state dict}), meta.json.
+    iteration = tmp_path / "save" / "iter_0000003"
+    dcp.save({"model": dict(model.state_dict())}, checkpoint_id=str(iteration / "model_and_optim"), no_dist=True)
+    (iteration / "meta.json").write_text(json.dumps({"rollout_id": 2, "next_rollout_id": 3, "save_optim": False}))
+    (tmp_path / "save" / "latest_checkpointed_iteration.txt").write_text("3")
+    given_dir = {"root": tmp_path / "save", "iteration": iteration, "model_and_optim": iteration / "model_and_optim"}
+    argv = ["mcore-to-hf", "--input-dir", str(given_dir[given]), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 2
+    named = iteration / "model_and_optim" if given == "model_and_optim" else iteration
+    assert f"{named}: an FSDP checkpoint (--train-backend fsdp: iter_0000003/model_and_optim holds DCP" in caplog.text
+    assert "--save-hf" in caplog.text and f"(--load {tmp_path / 'save'})" in caplog.text
+    assert not (tmp_path / "h").exists()
+
+
 def test_tensors_and_shards_the_index_does_not_list_are_named(tiny_hf_model, tmp_path, caplog):
     """The index decides what a checkpoint holds (as for transformers); what it leaves out was skipped unsaid."""
     from safetensors.torch import save_file
