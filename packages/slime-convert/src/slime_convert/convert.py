@@ -1,7 +1,8 @@
 """HF safetensors ↔ Megatron-core torch_dist conversion, streaming one layer at a time.
 
 `hf_to_mcore` writes `<save>/release/` (+ `latest_checkpointed_iteration.txt` = "release"), the layout
-Megatron-LM's `--load`/`--ref-load` and slime's Megatron backend read. `mcore_to_hf` writes a HF
+Megatron-LM's `--load`/`--ref-load` and slime's Megatron backend read; both appear together
+(`slime_convert.staged.staged_save_root`). `mcore_to_hf` writes a HF
 directory with `model-0000k-of-0000n.safetensors` shards, an index, and the non-weight files
 (config, tokenizer, generation config) copied from the original HF directory.
 """
@@ -22,7 +23,7 @@ from slime_convert.hf_io import HFCheckpointReader, HFShardedWriter
 from slime_convert.mapping import TensorMapping, expand_mappings, extra_state_keys, tensor_mappings, to_hf, to_mcore
 from slime_convert.model_args import ModelArgs
 from slime_convert.shapes import check_hf_shapes, check_hf_unused, check_torch_dist_shapes, check_torch_dist_unused
-from slime_convert.staged import staged_output
+from slime_convert.staged import staged_output, staged_save_root
 from slime_convert.torch_dist import (
     LazyChunk,
     TorchDistReader,
@@ -31,7 +32,7 @@ from slime_convert.torch_dist import (
     write_torch_dist,
 )
 from slime_core.checkpoint_dirs import TRACKER_FILE
-from slime_core.dir_swap import write_text_atomic
+from slime_core.dir_swap import MARKER, remove, write_text_atomic
 from slime_core.hf_checkpoint import copy_assets, describe_exported_weights
 
 logger = logging.getLogger(__name__)
@@ -116,7 +117,9 @@ def hf_to_mcore(
             one config.json implies (`slime_convert.shapes.check_hf_shapes`), or a tensor config.json does not
             describe (an extra layer; a tied model's `lm_head.weight` other than the embedding) that would be dropped
             (`slime_convert.shapes.check_hf_unused`); all checked before anything is written.
-        FileExistsError: `<save_dir>/release` exists, or `save_dir` holds a tracker naming a training iteration.
+        FileExistsError: `<save_dir>/release` exists (published: the tracker names it), or `save_dir` holds a
+            tracker naming a training iteration.
+        slime_core.dir_swap.ReplaceRefused: `<save_dir>.tmp` or `<save_dir>.old` is in the way and not slime's.
     """
     args = ModelArgs.from_hf_dir(hf_dir)
     if tensor_model_parallel_size < 1 or pipeline_model_parallel_size < 1:
@@ -218,17 +221,31 @@ def hf_to_mcore(
         return LazyChunk(chunk.key, chunk.global_shape, chunk.offsets, chunk.dtype, produce, chunk.chunk_shape)
 
     root = pathlib.Path(save_dir)
-    root.mkdir(parents=True, exist_ok=True)
     out = root / "release"
     try:
-        write_torch_dist(out, [counted(c) for c in chunks], objects, common)
+        # The tracker is written last, inside the staged root where there is one: a reader sees both or neither.
+        with staged_save_root(root, flag="--save") as target:
+            _drop_unpublished_release(target)
+            write_torch_dist(target / "release", [counted(c) for c in chunks], objects, common)
+            write_text_atomic(target / TRACKER_FILE, "release")
     finally:
         bar.close()
         reader.close()
-    write_text_atomic(root / TRACKER_FILE, "release")
     _warn_nonfinite(hf_dir, nonfinite)
     logger.info("wrote %s (%d tensor chunks)", out, len(chunks))
     return out
+
+
+def _drop_unpublished_release(root: pathlib.Path) -> None:
+    """Deletes a `release/` that slime wrote (marked) but never published (no tracker file).
+
+    That is a conversion killed between its two renames, in a save root that could not be staged whole. No reader
+    loads it; it blocked every rerun.
+    """
+    release = root / "release"
+    if (release / MARKER).is_file() and not (root / TRACKER_FILE).exists():
+        logger.warning("%s: written by a conversion killed before its tracker file; replacing it", release)
+        remove(release)
 
 
 def _write_hf(
