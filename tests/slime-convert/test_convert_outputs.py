@@ -2,6 +2,7 @@
 
 import errno
 import json
+import pathlib
 import shutil
 
 import pytest
@@ -90,6 +91,20 @@ def test_hf_to_fp8_writes_nothing_when_it_fails_midway(tmp_path, monkeypatch, ca
     assert main(argv) == 2  # was an OSError traceback
     assert "No space left on device" in caplog.text and len(calls) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16", "old"]
+
+
+def test_hf_to_mcore_into_the_empty_working_directory_writes_in_place(tiny_hf_model, tmp_path, monkeypatch):
+    # An empty --save is staged whole and renamed in; the working directory must not be renamed away under the process.
+    from slime_convert.torch_dist import resolve_iteration_dir
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["hf-to-mcore", "--hf-checkpoint", str(hf_dir), "--save", ".", "--no-progress"]) == 0
+    assert pathlib.Path.cwd() == here and here.is_dir()
+    assert resolve_iteration_dir(here) == here / "release"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]  # no here.tmp / here.old
 
 
 def test_hf_to_mcore_into_a_training_run_folder_is_refused(tiny_hf_model, tmp_path, caplog):

@@ -102,7 +102,7 @@ def staged_save_root(root: str | os.PathLike[str], *, flag: str) -> Iterator[pat
     kill between the two renames left a complete folder no reader loads (Megatron's `--load <root>` reads the
     tracker first) that also blocked the next conversion ("exists"). A `root` that already holds something (or is a
     link, whose target is written into) cannot be replaced: `root` itself is yielded, and the caller writes the
-    tracker last, which publishes the folder for a reader.
+    tracker last, which publishes the folder for a reader; so is the working directory.
 
     Args:
         root: the save root (`--save`).
@@ -117,7 +117,9 @@ def staged_save_root(root: str | os.PathLike[str], *, flag: str) -> Iterator[pat
     out = pathlib.Path(root).absolute()
     _refuse_a_name_without_room_for_the_suffixes(out, flag)
     recover(out, flag=flag)  # a swap cut between its renames (an empty root moved aside) is undone first
-    if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
+    # In place also for the working directory: renaming it away would leave this process in a deleted folder.
+    in_place = out.is_symlink() or out == pathlib.Path.cwd()
+    if in_place or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
         out.mkdir(parents=True, exist_ok=True)
         yield out
         return
