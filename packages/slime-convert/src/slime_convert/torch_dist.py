@@ -363,9 +363,9 @@ def _refuse_fsdp_layout(path: pathlib.Path) -> None:
         return
     raise ValueError(
         f"{path}: an FSDP checkpoint (--train-backend fsdp: {iteration_dir.name}/{FSDP_MODEL_DIR} holds DCP shards of "
-        "the HF model's own parameters), not Megatron torch_dist, the only format slime-convert and the Megatron "
-        "backend read. No conversion exists for it: an FSDP run writes HF safetensors itself with --save-hf (at each "
-        f"save), and --train-backend fsdp loads this checkpoint as it is (--load {iteration_dir.parent})"
+        "the HF model's own parameters), not Megatron torch_dist: export it with `slime-convert fsdp-to-hf "
+        f"--input-dir {iteration_dir} --output-dir DIR --origin-hf-dir <the run's --hf-checkpoint>`; "
+        f"--train-backend fsdp loads it as it is (--load {iteration_dir.parent})"
     )
 
 
