@@ -145,6 +145,86 @@ def test_the_legacy_per_rank_layout_is_named(tiny_hf_model, tmp_path, caplog, gi
     assert "--ckpt-convert-format torch_dist" in caplog.text and not (tmp_path / "h").exists()
 
 
+@pytest.mark.parametrize("given", ["root", "iteration", "model_and_optim"])
+def test_an_fsdp_checkpoint_is_named_as_one(tiny_hf_model, tmp_path, caplog, given):
+    """An FSDP trainer's save was "not a torch_dist checkpoint directory" (root, iteration), or its DCP folder was
+    read as torch_dist and failed on the first Megatron name it lacked."""
+    import torch.distributed.checkpoint as dcp
+
+    model, hf_dir = tiny_hf_model("qwen3")
+    # slime_train_fsdp.checkpoint's layout: iter_<n>/model_and_optim (DCP of {"model": HF state dict}), meta.json.
+    iteration = tmp_path / "save" / "iter_0000003"
+    dcp.save({"model": dict(model.state_dict())}, checkpoint_id=str(iteration / "model_and_optim"), no_dist=True)
+    (iteration / "meta.json").write_text(json.dumps({"rollout_id": 2, "next_rollout_id": 3, "save_optim": False}))
+    (tmp_path / "save" / "latest_checkpointed_iteration.txt").write_text("3")
+    given_dir = {"root": tmp_path / "save", "iteration": iteration, "model_and_optim": iteration / "model_and_optim"}
+    argv = ["mcore-to-hf", "--input-dir", str(given_dir[given]), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 2
+    named = iteration / "model_and_optim" if given == "model_and_optim" else iteration
+    assert f"{named}: an FSDP checkpoint (--train-backend fsdp: iter_0000003/model_and_optim holds DCP" in caplog.text
+    assert f"export it with `slime-convert fsdp-to-hf --input-dir {iteration} --output-dir DIR" in caplog.text
+    assert f"(--load {tmp_path / 'save'})" in caplog.text and not (tmp_path / "h").exists()
+    # The command it names exports it; the optimizer state beside the model is not read.
+    argv = ["fsdp-to-hf", "--input-dir", str(iteration), "--output-dir", str(tmp_path / "h")]
+    assert main([*argv, "--origin-hf-dir", str(hf_dir), "--no-progress"]) == 0
+    exported = HFCheckpointReader(tmp_path / "h")
+    assert sorted(exported.keys()) == sorted(HFCheckpointReader(hf_dir).keys())
+
+
+def _fsdp_save(model, iteration, *, optim=True, meta=None):
+    """slime_train_fsdp.checkpoint's layout: iter_<n>/model_and_optim (DCP of {"model", "optim"}), meta.json."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": dict(model.state_dict())}
+    if optim:  # Adam's moments under the same names, as get_state_dict keys them
+        state["optim"] = {"state": {n: {"exp_avg": torch.zeros_like(t)} for n, t in model.named_parameters()}}
+    dcp.save(state, checkpoint_id=str(iteration / "model_and_optim"), no_dist=True)
+    (iteration / "meta.json").write_text(json.dumps(meta or {"rollout_id": 2, "save_optim": optim}))
+    (iteration.parent / "latest_checkpointed_iteration.txt").write_text(str(int(iteration.name.removeprefix("iter_"))))
+
+
+def test_fsdp_to_hf_exports_the_model_bit_for_bit(tiny_hf_model, tmp_path):
+    # The original's tools/convert_fsdp_to_hf.py had no counterpart: an FSDP run's checkpoint reached HF only through
+    # the run's own --save-hf.
+    import copy
+
+    from slime_convert import fsdp_to_hf
+
+    cached, hf_dir = tiny_hf_model("qwen3")
+    model = copy.deepcopy(cached)  # the fixture's model is shared by the session's tests
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)  # trained: differs from the origin's weights
+    _fsdp_save(model, tmp_path / "save" / "iter_0000003")
+    out = fsdp_to_hf(tmp_path / "save", tmp_path / "h", hf_dir, dtype=None, progress=False)
+    exported = HFCheckpointReader(out)
+    origin = HFCheckpointReader(hf_dir)
+    assert sorted(exported.keys()) == sorted(origin.keys())
+    params = dict(model.state_dict())
+    for name in exported.keys():
+        assert torch.equal(exported.get(name), params[name]), name  # bit for bit, in the stored dtype
+        assert not torch.equal(exported.get(name), origin.get(name)), name  # the trained weights, not the origin's
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == model.config.num_hidden_layers
+    assert (out / "tokenizer_config.json").is_file() == (hf_dir / "tokenizer_config.json").is_file()
+
+
+def test_fsdp_to_hf_refuses_another_model_and_a_lora_checkpoint(tiny_hf_model, tmp_path, caplog):
+    model, hf_dir = tiny_hf_model("qwen3")
+    _, llama_dir = tiny_hf_model("llama")
+    _fsdp_save(model, tmp_path / "save" / "iter_0000001", optim=False)
+    argv = ["fsdp-to-hf", "--input-dir", str(tmp_path / "save"), "--output-dir", str(tmp_path / "h"), "--no-progress"]
+    assert main([*argv, "--origin-hf-dir", str(llama_dir)]) == 2
+    assert f"{tmp_path / 'save' / 'iter_0000001' / 'model_and_optim'}: does not hold {llama_dir}'s model" in caplog.text
+    assert not (tmp_path / "h").exists()
+    flags = {"--lora-rank": 8, "--lora-target-modules": ["q_proj"]}  # slime_train_fsdp.checkpoint.model_flags_of
+    _fsdp_save(model, tmp_path / "lora" / "iter_0000001", meta={"model_flags": flags})
+    argv[2] = str(tmp_path / "lora")
+    assert main([*argv, "--origin-hf-dir", str(hf_dir)]) == 2
+    assert "a LoRA run's checkpoint (--lora-rank 8)" in caplog.text and not (tmp_path / "h").exists()
+    assert main([*argv[:2], str(hf_dir), *argv[3:], "--origin-hf-dir", str(hf_dir)]) == 2
+    assert f"{hf_dir}: not an FSDP checkpoint (no model_and_optim/.metadata" in caplog.text
+
+
 def test_tensors_and_shards_the_index_does_not_list_are_named(tiny_hf_model, tmp_path, caplog):
     """The index decides what a checkpoint holds (as for transformers); what it leaves out was skipped unsaid."""
     from safetensors.torch import save_file

@@ -2,6 +2,7 @@
 
 import errno
 import json
+import pathlib
 import shutil
 
 import pytest
@@ -92,6 +93,20 @@ def test_hf_to_fp8_writes_nothing_when_it_fails_midway(tmp_path, monkeypatch, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16", "old"]
 
 
+def test_hf_to_mcore_into_the_empty_working_directory_writes_in_place(tiny_hf_model, tmp_path, monkeypatch):
+    # An empty --save is staged whole and renamed in; the working directory must not be renamed away under the process.
+    from slime_convert.torch_dist import resolve_iteration_dir
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["hf-to-mcore", "--hf-checkpoint", str(hf_dir), "--save", ".", "--no-progress"]) == 0
+    assert pathlib.Path.cwd() == here and here.is_dir()
+    assert resolve_iteration_dir(here) == here / "release"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]  # no here.tmp / here.old
+
+
 def test_hf_to_mcore_into_a_training_run_folder_is_refused(tiny_hf_model, tmp_path, caplog):
     # The tracker was re-pointed at "release": the next --load of the run resumed from the HF weights, silently.
     _, hf_dir = tiny_hf_model("qwen3")
@@ -109,16 +124,87 @@ def test_outputs_reach_the_disk_before_the_renames_that_publish_them(tiny_hf_mod
     _, hf_dir = tiny_hf_model("qwen3")
     release = hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
     out = mcore_to_hf(release, tmp_path / "h", hf_dir, progress=False)
-    for final in (release, out.absolute()):
+    # hf-to-mcore publishes its whole save root (release/ and the tracker) by one rename; mcore-to-hf its output.
+    for final in (release.parent.absolute(), out.absolute()):
         staged = final.with_name(final.name + ".tmp")
         publish = events.index(("replace", str(staged), str(final)))
         flushed = {e[1] for e in events[:publish] if e[0] == "fsync"}
         written = {str(p).replace(str(final), str(staged)) for p in final.rglob("*")} | {str(staged)}
         assert written <= flushed, final  # every file and folder, before the final name exists
         assert ("fsync", str(final.parent)) in events[publish:]  # and the rename itself
-    tracker = str(tmp_path / "m" / "latest_checkpointed_iteration.txt")
+    tracker = str(tmp_path / "m.tmp" / "latest_checkpointed_iteration.txt")
     commit = events.index(("replace", tracker + ".tmp", tracker))
     assert ("fsync", tracker + ".tmp") in events[:commit]
+
+
+class _Killed(BaseException):
+    """The process dies here (no handler runs after it)."""
+
+
+@pytest.mark.parametrize("root", ["absent", "empty", "holds_a_file"])
+def test_hf_to_mcore_killed_at_any_rename_leaves_the_old_state_or_the_new(tiny_hf_model, tmp_path, monkeypatch, root):
+    """A kill between publishing release/ and writing the tracker left release/ without it: no reader loaded it, and
+    the next hf-to-mcore refused ("release exists"). Each rename (and DCP's own) is made the kill point in turn: a
+    reader finds the old state or the new, an absent or empty root is published whole, and a rerun always finishes."""
+    import os
+
+    from slime_convert.torch_dist import resolve_iteration_dir
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    save = tmp_path / "m"
+    if root != "absent":
+        save.mkdir()
+    if root == "holds_a_file":  # cannot be replaced whole: written in place, the tracker last
+        (save / "README").write_text("converted from Qwen3")
+    before = sorted(p.name for p in save.iterdir()) if save.exists() else None
+    real = {"replace": os.replace, "rename": os.rename}
+    calls = {"n": 0, "kill_at": 0}
+
+    def dying(name):
+        def call(src, dst, **kw):
+            calls["n"] += 1
+            if calls["n"] == calls["kill_at"]:
+                raise _Killed(f"killed at {name}({src}, {dst})")
+            return real[name](src, dst, **kw)
+
+        return call
+
+    for kill_at in range(1, 20):
+        calls.update(n=0, kill_at=kill_at)
+
+        monkeypatch.setattr(os, "replace", dying("replace"))
+        monkeypatch.setattr(os, "rename", dying("rename"))
+        try:
+            hf_to_mcore(hf_dir, save, progress=False)
+        except BaseException as e:  # DCP wraps a kill inside its writer in a CheckpointException
+            if calls["n"] < kill_at or "_Killed" not in f"{e!r}{e}":
+                raise
+            killed = True
+        else:
+            killed = False
+        monkeypatch.undo()
+        if not killed:
+            break
+        # The old state: a reader finds no checkpoint, and the folder holds what it held.
+        with pytest.raises(FileNotFoundError):
+            resolve_iteration_dir(save)
+        if root != "holds_a_file":
+            assert not save.exists() or sorted(p.name for p in save.iterdir()) == before, kill_at
+        # The next run finishes (it removes the kill's left-overs), and the state is the new one.
+        assert hf_to_mcore(hf_dir, save, progress=False) == save / "release"
+        assert resolve_iteration_dir(save) == save / "release"
+        shutil.rmtree(save)
+        if root != "absent":
+            save.mkdir()
+        if root == "holds_a_file":
+            (save / "README").write_text("converted from Qwen3")
+    assert not killed and kill_at > 3  # DCP's rename, release/'s, the tracker's, then the root's
+    assert resolve_iteration_dir(save) == save / "release"
+    assert sorted(p.name for p in save.iterdir()) == sorted(
+        [*(before or []), ".slime_export", "latest_checkpointed_iteration.txt", "release"]
+        if root != "holds_a_file"
+        else [*before, "latest_checkpointed_iteration.txt", "release"]
+    )
 
 
 @pytest.mark.parametrize("command", ["hf-to-mcore", "mcore-to-hf"])

@@ -170,6 +170,26 @@ async def test_reading_host_files_and_host_proc(tmp_path):
     assert CANARY not in r.stdout + r.stderr
 
 
+async def test_mountinfo_names_only_the_runtime_views_host_paths():
+    # /proc/self/mountinfo prints each bind's source path (its root within the host filesystem; bubblewrap cannot
+    # hide it). What it may show is documented (README, "What the code can see of the host"): the runtime view's
+    # paths, which the code sees anyway at the same places, and the runner's host path. A new bind of a host path
+    # (a temp dir, a home) shows up here.
+    r = await hostile("print(open('/proc/self/mountinfo').read())", max_output_chars=100_000)
+    view = _bwrap.runtime_view()
+    expected = {os.path.realpath(d) for d in view.binds if d != _bwrap.RUNNER} | {str(_bwrap._CHILD.resolve())}
+    shown = {}
+    for line in filter(None, r.stdout.splitlines()):
+        fields = line.split()
+        root, mount_point, fs_type = fields[3], fields[4], fields[fields.index("-") + 1]
+        if fs_type not in ("tmpfs", "proc", "devtmpfs"):
+            shown[mount_point] = root
+    # A filesystem mounted below / on the host names paths from its own root (a separate /home: /alice/...).
+    assert all(any(p == root or p.endswith(root) for p in expected) for root in shown.values()), shown
+    assert set(shown) == set(view.binds), (shown, view.binds)
+    assert shown[_bwrap.RUNNER].endswith("/slime_envs/_sandbox_child.py")  # the one host path not seen otherwise
+
+
 async def test_writing_outside_through_every_api(tmp_path):
     site = next(p for p in __import__("sys").path if p.endswith("site-packages"))
     before = set(os.listdir(site))

@@ -1,4 +1,5 @@
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -120,8 +121,52 @@ async def test_remote_retriever():
         step = await env.step("<search>who</search>")
         assert step.observation == "\n\n<information>Doc 1(Title: Doc) remote text</information>\n\n"
         assert _Retrieval.requests[-1] == {"queries": ["who"], "topk": 2, "return_scores": True}
+        assert step.info["num_backend_errors"] == 0
         step = await env.step("<search>boom</search>")  # server error: an observation, not an exception
         assert "Error: retrieval failed (HTTPStatusError)" in step.observation and not step.done
+        assert step.info["num_backend_errors"] == 1  # counted: rollout/env_backend_error_samples
+    finally:
+        server.shutdown()
+
+
+async def test_a_failed_retrieval_is_counted_in_both_formats(caplog, monkeypatch):
+    # The model is shown the error, as the original's example shows it an empty <information> on any retrieval error;
+    # it was counted nowhere, so a run training on a dead retrieval server looked like one with a hard corpus.
+    server = HTTPServer(("127.0.0.1", 0), _Retrieval)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/retrieve"
+        env = SearchEnv(retrieval_url=url, format="qwen")
+        env.reset(prompt="q", label="x", metadata={})
+        calls = "".join(
+            f'<tool_call>{{"name": "search", "arguments": {{"query": "{q}"}}}}</tool_call>' for q in ("boom", "who")
+        )
+        step = await env.step(calls)
+        assert step.tool_responses[0].startswith("Error: tool 'search' failed: HTTPStatusError")
+        assert step.tool_responses[1] == "Doc 1(Title: Doc) remote text"
+        assert step.info["num_backend_errors"] == 1
+        assert "tool search failed" in caplog.text
+        with socket.socket() as probe:  # a port nothing listens on: the retrieval server is down
+            probe.bind(("127.0.0.1", 0))
+            down = f"http://127.0.0.1:{probe.getsockname()[1]}/retrieve"
+        env = SearchEnv(retrieval_url=down, format="tags")
+        env.reset(prompt="q", label="x", metadata={})
+        step = await env.step("<search>who</search>")
+        assert step.observation == "\n\n<information>Error: retrieval failed (ConnectError).</information>\n\n"
+        assert step.info == {"query": "who", "num_truncated": 0, "num_backend_errors": 1}
+        assert env.num_backend_errors == 1
+        import asyncio
+
+        async def hang(self, query):
+            await asyncio.Event().wait()
+
+        monkeypatch.setattr(SearchEnv, "retrieve", hang)  # past tool_timeout_s: ToolEnv's deadline cancels the search
+        env = SearchEnv(retrieval_url=url, format="qwen", tool_timeout_s=0.2)
+        env.reset(prompt="q", label="x", metadata={})
+        step = await asyncio.wait_for(env.step(calls), 10)
+        assert step.tool_responses == ["Error: tool 'search' did not answer within 0.2 s."] * 2
+        assert step.info["num_backend_errors"] == 2
     finally:
         server.shutdown()
 
@@ -199,6 +244,7 @@ async def test_tags_format_bounds_each_search_by_the_envs_deadline_and_cut(corpu
     shown = "Doc 1(Title: T) " + "y" * 34
     note = "\n... (tool response truncated: 50 of 10,000,016 characters shown)"
     assert step.observation == f"\n\n<information>{shown}{note}</information>\n\n"
-    assert step.info == {"query": "big", "num_truncated": 1}
+    assert step.info == {"query": "big", "num_truncated": 1, "num_backend_errors": 0}
+    assert env.num_backend_errors == 2  # the hang and the retriever's own timeout
     assert "longer than max_response_chars=50 and were cut" in caplog.text
     assert env.num_tool_calls == 3

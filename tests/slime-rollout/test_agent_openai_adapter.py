@@ -522,6 +522,24 @@ async def test_engine_abort_error_and_context_limit(tok, scripted):
     assert err.value.code == "context_length_exceeded"
 
 
+async def test_all_engines_down_is_a_503_naming_the_cause(tok, served):
+    # A real pool whose only engine is out of service: after the recovery window it raises NoHealthyEngineError,
+    # which reached the agent as aiohttp's bare "500 Internal Server Error" (no cause, not an engine error code).
+    from slime_rollout.engines.pool import EnginePool, EngineState
+
+    pool = EnginePool([EngineClient("http://127.0.0.1:9")], failover=True, recovery_timeout_s=0.2)
+    pool.set_state(0, EngineState.FAILED)
+    adapter = await served(OpenAIAdapter(tokenizer=tok, client=pool))
+    adapter.open_session("d", sampling_defaults={"max_new_tokens": 8})
+    async with openai.AsyncOpenAI(base_url=adapter.base_url, api_key="d", max_retries=0, timeout=30) as agent:
+        with pytest.raises(openai.APIStatusError) as err:
+            await agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+    assert err.value.status_code == 503
+    assert err.value.type == "server_error"
+    assert "no healthy engine for 0s (--rollout-engine-recovery-timeout): http://127.0.0.1:9 failed" in str(err.value)
+    assert await adapter.finish_session("d", base_sample=Sample()) == []  # nothing recorded
+
+
 def test_constructor_errors(tok):
     with pytest.raises(ValueError, match="exactly one of client="):
         OpenAIAdapter(tokenizer=tok)

@@ -61,7 +61,7 @@ def _clear_calls():
 # log_rollout_data / log_eval_rollout_data do for any rollout function; the function's own entries win.
 TRAIN_DEFAULTS = {
     "rollout/raw_reward": 0.5, "rollout/rewards": 0.0, "rollout/num_empty_responses": 2.0,
-    "rollout/env_failed_samples": 0.0,
+    "rollout/env_failed_samples": 0.0, "rollout/env_backend_error_samples": 0.0,
     "rollout/response_len/mean": 0.0, "rollout/response_len/median": 0.0, "rollout/response_len/max": 0.0,
     "rollout/response_len/min": 0.0, "rollout/truncated_ratio": 0.0, "perf/tokens_per_gpu_per_sec": 0.0,
     "perf/effective_tokens_per_gpu_per_sec": 0.0, "perf/longest_sample_tokens_per_sec": 0.0,

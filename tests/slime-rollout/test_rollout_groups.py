@@ -137,6 +137,24 @@ async def test_samples_failed_by_their_env_are_counted_in_a_metric_and_one_line_
     ]
 
 
+async def backend_errors_generate(args, sample, sampling_params):
+    """Sample i's episode saw i failed retrievals over two steps, as `multi_turn.generate` records env infos."""
+    sample.append_response_tokens([A], log_probs=[-0.3], text="A")
+    sample.status = Status.COMPLETED
+    sample.metadata["env_info"] = [{"query": "q", "num_backend_errors": sample.index}, {"answer": "A"}]
+    return sample
+
+
+async def test_samples_shown_a_tool_backend_failure_are_counted(monkeypatch):
+    # A retrieval server that was down showed the model an error (kept: the original's example does the same);
+    # nothing counted it, so training on infra failures looked like training on the environment.
+    args = _args(monkeypatch, custom_generate_function_path=f"{__name__}.backend_errors_generate", rollout_batch_size=2)
+    out, _ = await generate_rollout_async(args, 4, _DataSource(n=2))
+    assert sorted(s.index for g in out.samples for s in g) == [0, 1, 2, 3]
+    assert out.metrics["rollout/env_backend_error_samples"] == 3.0  # samples 1, 2, 3
+    assert out.metrics["rollout/env_failed_samples"] == 0.0  # shown, not failed
+
+
 BATCH_CALLS: list[list[int]] = []
 
 

@@ -120,6 +120,42 @@ async def test_an_engine_hung_on_a_quick_control_call_is_cut_off_by_the_health_c
     assert ("good", "/continue_generation") in log
 
 
+@pytest.mark.parametrize("route", ["/pause_generation", "/update_weights_from_tensor"])
+async def test_an_engine_slow_on_pause_or_a_bucket_is_cut_off_by_update_weight_timeout(http_server, route):
+    # Was: these waited up to the client's 1800 s read timeout, which no flag changed (SGLang answers them only once
+    # in-flight requests have left, then loads), and the error named no flag.
+    from slime_rollout.weight_sync.push import push_client
+
+    log = []
+    good = await http_server(_engine(log, "good"))
+    slow = await http_server(_engine(log, "slow", hang_on=route))
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "update_weight_timeout": 0.5})
+    client = push_client(cfg, [good, slow])
+    with pytest.raises(WeightPushError) as e:
+        await TensorWeightUpdater(cfg, client, load_format=None).aupdate(_buckets(2), "5")
+    assert list(e.value.failed) == [slow]
+    said = f"weight push: {route[1:]} on engine {slow} did not finish within 0.5 s (--update-weight-timeout)"
+    assert said in e.value.failed[slow]
+    assert ("good", "/continue_generation") in log
+    assert await RolloutClient([good]).get_weight_versions() == ["5"]
+
+
+def test_the_push_client_takes_the_runs_bounds():
+    # Was: the trainer built its push client with the defaults, so --rollout-health-check-timeout and
+    # --slow-call-warning-secs given to the run did not bound or report the push's calls.
+    from slime_rollout.engines.transport import DEFAULT_TIMEOUT_S
+    from slime_rollout.weight_sync.push import push_client
+
+    flags = {"rollout_health_check_timeout": 7.0, "slow_call_warning_secs": 11.0, "update_weight_timeout": 3600.0}
+    client = push_client(SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **flags}), ["http://e:1"])
+    assert (client.pool.probe_timeout_s, client.pool.slow_warning_s, client.update_weight_timeout_s) == (7, 11, 3600)
+    # The socket's read timeout stays behind the push's deadline (+ 5 %), so the error naming the flag comes first.
+    assert client.engines[0].timeout.sock_read == 3780.0
+    assert push_client(_cfg(), ["http://e:1"]).engines[0].timeout.sock_read == 1890.0  # the 1800 s default
+    short = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "update_weight_timeout": 5})
+    assert push_client(short, ["http://e:1"]).engines[0].timeout.sock_read == DEFAULT_TIMEOUT_S  # never below it
+
+
 def test_an_engine_error_escaping_a_collective_push_names_every_engine_in_it():
     from slime_rollout.weight_sync.push import PushSession
 

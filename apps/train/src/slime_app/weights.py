@@ -34,7 +34,7 @@ def make_weight_updater(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) ->
     """
     if rank != 0 or not engine_urls:
         return None
-    from slime_rollout.engines.client import RolloutClient
+    from slime_rollout.weight_sync.push import push_client
 
     if cfg.weight_sync == "tensor":
         import ray
@@ -44,8 +44,8 @@ def make_weight_updater(cfg: SlimeArgs, engine_urls: list[str], *, rank: int) ->
     if cfg.update_weight_mode == "delta":  # validation allowed it for tensor and disk only
         from slime_rollout.weight_sync.delta_sync import make_delta_updater
 
-        return make_delta_updater(cfg, RolloutClient(list(engine_urls)))
-    return WEIGHT_UPDATERS.get(cfg.weight_sync).load()(cfg, RolloutClient(list(engine_urls)))
+        return make_delta_updater(cfg, push_client(cfg, engine_urls))
+    return WEIGHT_UPDATERS.get(cfg.weight_sync).load()(cfg, push_client(cfg, engine_urls))
 
 
 def check_same_machine(engine_urls: list[str], node_ip: str) -> None:

@@ -1,4 +1,4 @@
-"""slime-convert: Hugging Face safetensors ↔ Megatron-core torch_dist checkpoints.
+"""slime-convert: Hugging Face safetensors ↔ Megatron-core torch_dist checkpoints (and FSDP checkpoints → HF).
 
 The name/tensor mapping tables (`slime_convert.mapping`) are shared with slime's Megatron backend.
 """
@@ -10,6 +10,7 @@ from slime_convert.model_args import ModelArgs, padded_vocab_size
 # The converters and mapping tables need torch; they are imported on first use, so that `slime-convert --help`,
 # `megatron-args` and `ModelArgs` (read by slime's preflight) start without it.
 _LAZY = {
+    "fsdp_to_hf": ("slime_convert.convert", "fsdp_to_hf"),
     "hf_to_mcore": ("slime_convert.convert", "hf_to_mcore"),
     "mcore_to_hf": ("slime_convert.convert", "mcore_to_hf"),
     "mcore_tensor_from_hf": ("slime_convert.mapping", "mcore_tensor_from_hf"),

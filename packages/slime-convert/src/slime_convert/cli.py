@@ -4,6 +4,7 @@ Usage:
     slime-convert hf-to-mcore --hf-checkpoint /models/Qwen3-4B --save /ckpt/Qwen3-4B_torch_dist [--tp 2 --pp 1]
     slime-convert mcore-to-hf --input-dir /ckpt/run/iter_0000100 --output-dir /models/out \
         --origin-hf-dir /models/Qwen3-4B
+    slime-convert fsdp-to-hf --input-dir /ckpt/run --output-dir /models/out --origin-hf-dir /models/Qwen3-4B
     slime-convert megatron-args --hf-checkpoint /models/Qwen3-4B
     slime-convert hf-to-fp8 --hf-checkpoint /models/Qwen3-4B --save /models/Qwen3-4B-FP8 [--block-size 128 128]
 """
@@ -70,6 +71,21 @@ def build_parser() -> argparse.ArgumentParser:
     to_hf.add_argument("-f", "--force", action="store_true", help="overwrite --output-dir")
     to_hf.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
+    fsdp = sub.add_parser("fsdp-to-hf", help="--train-backend fsdp checkpoint → HF safetensors")
+    fsdp.add_argument(
+        "--input-dir", required=True, help="the run's --save folder, an iter_* folder or its model_and_optim"
+    )
+    fsdp.add_argument("--output-dir", required=True, help="HF directory to write")
+    fsdp.add_argument(
+        "--origin-hf-dir", required=True, help="the run's --hf-checkpoint (names, shapes, config, tokenizer)"
+    )
+    fsdp.add_argument(
+        "--chunk-size", type=int, default=5 * 1024**3, help="max bytes per safetensors shard (default: 5 GiB)"
+    )
+    fsdp.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast weights (default: keep)")
+    fsdp.add_argument("-f", "--force", action="store_true", help="overwrite --output-dir")
+    fsdp.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
     fp8 = sub.add_parser("hf-to-fp8", help="BF16 HF → blockwise-FP8 HF serving checkpoint (FP8 rollout)")
     fp8.add_argument("--hf-checkpoint", required=True, help="unquantized HF model directory")
     fp8.add_argument("--save", required=True, help="output HF directory (the run's FP8 --hf-checkpoint)")
@@ -125,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                 dtype=_torch_dtype(ns.dtype),
                 progress=not ns.no_progress,
             )
+        elif ns.command == "fsdp-to-hf":
+            from slime_convert.convert import fsdp_to_hf
+
+            fsdp_to_hf(ns.input_dir, ns.output_dir, ns.origin_hf_dir, chunk_size=ns.chunk_size,
+                       dtype=_torch_dtype(ns.dtype), force=ns.force, progress=not ns.no_progress)  # fmt: skip
         else:
             from slime_convert.convert import mcore_to_hf
 

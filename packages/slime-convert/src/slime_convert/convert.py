@@ -1,7 +1,8 @@
 """HF safetensors ↔ Megatron-core torch_dist conversion, streaming one layer at a time.
 
 `hf_to_mcore` writes `<save>/release/` (+ `latest_checkpointed_iteration.txt` = "release"), the layout
-Megatron-LM's `--load`/`--ref-load` and slime's Megatron backend read. `mcore_to_hf` writes a HF
+Megatron-LM's `--load`/`--ref-load` and slime's Megatron backend read; both appear together
+(`slime_convert.staged.staged_save_root`). `mcore_to_hf` writes a HF
 directory with `model-0000k-of-0000n.safetensors` shards, an index, and the non-weight files
 (config, tokenizer, generation config) copied from the original HF directory.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import pathlib
@@ -22,7 +24,7 @@ from slime_convert.hf_io import HFCheckpointReader, HFShardedWriter
 from slime_convert.mapping import TensorMapping, expand_mappings, extra_state_keys, tensor_mappings, to_hf, to_mcore
 from slime_convert.model_args import ModelArgs
 from slime_convert.shapes import check_hf_shapes, check_hf_unused, check_torch_dist_shapes, check_torch_dist_unused
-from slime_convert.staged import staged_output
+from slime_convert.staged import staged_output, staged_save_root
 from slime_convert.torch_dist import (
     LazyChunk,
     TorchDistReader,
@@ -30,13 +32,13 @@ from slime_convert.torch_dist import (
     sharded_object_key,
     write_torch_dist,
 )
-from slime_core.checkpoint_dirs import TRACKER_FILE
-from slime_core.dir_swap import write_text_atomic
+from slime_core.checkpoint_dirs import FSDP_MODEL_DIR, TRACKER_FILE, iteration_name, tracker_step
+from slime_core.dir_swap import MARKER, remove, write_text_atomic
 from slime_core.hf_checkpoint import copy_assets, describe_exported_weights
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["hf_to_mcore", "mcore_to_hf"]
+__all__ = ["fsdp_to_hf", "hf_to_mcore", "mcore_to_hf"]
 
 
 def _stored_shape(mapping: TensorMapping, args: ModelArgs, tensor_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -116,7 +118,9 @@ def hf_to_mcore(
             one config.json implies (`slime_convert.shapes.check_hf_shapes`), or a tensor config.json does not
             describe (an extra layer; a tied model's `lm_head.weight` other than the embedding) that would be dropped
             (`slime_convert.shapes.check_hf_unused`); all checked before anything is written.
-        FileExistsError: `<save_dir>/release` exists, or `save_dir` holds a tracker naming a training iteration.
+        FileExistsError: `<save_dir>/release` exists (published: the tracker names it), or `save_dir` holds a
+            tracker naming a training iteration.
+        slime_core.dir_swap.ReplaceRefused: `<save_dir>.tmp` or `<save_dir>.old` is in the way and not slime's.
     """
     args = ModelArgs.from_hf_dir(hf_dir)
     if tensor_model_parallel_size < 1 or pipeline_model_parallel_size < 1:
@@ -218,17 +222,31 @@ def hf_to_mcore(
         return LazyChunk(chunk.key, chunk.global_shape, chunk.offsets, chunk.dtype, produce, chunk.chunk_shape)
 
     root = pathlib.Path(save_dir)
-    root.mkdir(parents=True, exist_ok=True)
     out = root / "release"
     try:
-        write_torch_dist(out, [counted(c) for c in chunks], objects, common)
+        # The tracker is written last, inside the staged root where there is one: a reader sees both or neither.
+        with staged_save_root(root, flag="--save") as target:
+            _drop_unpublished_release(target)
+            write_torch_dist(target / "release", [counted(c) for c in chunks], objects, common)
+            write_text_atomic(target / TRACKER_FILE, "release")
     finally:
         bar.close()
         reader.close()
-    write_text_atomic(root / TRACKER_FILE, "release")
     _warn_nonfinite(hf_dir, nonfinite)
     logger.info("wrote %s (%d tensor chunks)", out, len(chunks))
     return out
+
+
+def _drop_unpublished_release(root: pathlib.Path) -> None:
+    """Deletes a `release/` that slime wrote (marked) but never published (no tracker file).
+
+    That is a conversion killed between its two renames, in a save root that could not be staged whole. No reader
+    loads it; it blocked every rerun.
+    """
+    release = root / "release"
+    if (release / MARKER).is_file() and not (root / TRACKER_FILE).exists():
+        logger.warning("%s: written by a conversion killed before its tracker file; replacing it", release)
+        remove(release)
 
 
 def _write_hf(
@@ -319,3 +337,114 @@ def mcore_to_hf(
         describe_exported_weights(tmp / "config.json", writer.dtypes)
     logger.info("wrote HF checkpoint to %s", out)
     return out
+
+
+def _fsdp_model_dir(path: pathlib.Path) -> pathlib.Path:
+    """The DCP folder of a `--train-backend fsdp` checkpoint: a save root (its tracker), an iteration folder, or it.
+
+    Raises:
+        FileNotFoundError: none of these (names what was looked for).
+        ValueError: the tracker file holds no iteration number.
+    """
+    if path.name == FSDP_MODEL_DIR and (path / ".metadata").is_file():
+        return path
+    if (path / FSDP_MODEL_DIR / ".metadata").is_file():
+        return path / FSDP_MODEL_DIR
+    if (path / TRACKER_FILE).is_file():
+        step = tracker_step(path)
+        if step is None:
+            text = (path / TRACKER_FILE).read_text(errors="replace").strip()
+            raise ValueError(f"{path / TRACKER_FILE}: holds {text[:80]!r}, not an FSDP checkpoint's iteration number")
+        iteration = path / iteration_name(step)
+        if (iteration / FSDP_MODEL_DIR / ".metadata").is_file():
+            return iteration / FSDP_MODEL_DIR
+        raise FileNotFoundError(f"{iteration}: no {FSDP_MODEL_DIR}/.metadata (not a complete FSDP checkpoint)")
+    raise FileNotFoundError(
+        f"{path}: not an FSDP checkpoint (no {FSDP_MODEL_DIR}/.metadata, no {TRACKER_FILE}); give the --save folder "
+        "of a --train-backend fsdp run or one of its iter_* folders"
+    )
+
+
+def fsdp_to_hf(
+    input_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    origin_hf_dir: str | os.PathLike[str],
+    *,
+    chunk_size: int = 5 * 1024**3,
+    dtype: torch.dtype | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> pathlib.Path:
+    """Exports the model of a `--train-backend fsdp` checkpoint as a HF safetensors checkpoint.
+
+    The trainer's DCP shards (`iter_*/model_and_optim`, `slime_train_fsdp.checkpoint`) hold the HF model's own
+    parameters under `model.<HF name>`, so no name or layout mapping applies: each tensor is read whole and written
+    under its name (the original's `tools/convert_fsdp_to_hf.py`). Optimizer state is not read.
+
+    Args:
+        input_dir: the run's `--save` folder (its tracker names the iteration), an `iter_*` folder, or its
+            `model_and_optim` folder.
+        output_dir: HF directory to create.
+        origin_hf_dir: the HF directory the run started from (`--hf-checkpoint`): its tensor names and shapes are the
+            ones the checkpoint must hold; its config, tokenizer and other files are copied (config.json stating the
+            written dtype).
+        chunk_size: max bytes per safetensors shard.
+        dtype: cast weights to this dtype (default: keep the stored one); a value beyond its range is refused.
+        force: replace `output_dir` if it exists, once the new checkpoint is complete.
+        progress: show a tqdm bar.
+
+    Returns:
+        `output_dir`.
+
+    Raises:
+        FileNotFoundError: `input_dir` is no FSDP checkpoint.
+        ValueError: a LoRA run's checkpoint (export its adapter with `--save-hf`), or tensors that differ from
+            `origin_hf_dir`'s in names or shapes (named; checked before anything is written).
+        FileExistsError: `output_dir` exists and not `force`.
+        OSError: writing failed; `output_dir` is left as it was.
+    """
+    model_dir = _fsdp_model_dir(pathlib.Path(input_dir))
+    meta_path = model_dir.parent / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    lora_rank = (meta.get("model_flags") or {}).get("--lora-rank")  # slime_train_fsdp.checkpoint.model_flags_of
+    if lora_rank:
+        raise ValueError(
+            f"{model_dir.parent}: a LoRA run's checkpoint (--lora-rank {lora_rank}); its adapter is exported by the "
+            "run's --save-hf, not merged here"
+        )
+    ckpt = TorchDistReader(model_dir)
+    stored = {k.removeprefix("model."): v for k, v in ckpt.tensor_keys().items() if k.startswith("model.")}
+    origin = HFCheckpointReader(origin_hf_dir)
+    try:
+        expected = {name: origin.shape(name) for name in origin.keys()}
+        tied_head = "lm_head.weight" in stored and "lm_head.weight" not in expected
+        if tied_head:  # a tied model's head: the embedding again, which HF stores once
+            head, embed = ckpt.read([("model.lm_head.weight", ()), ("model.model.embed_tokens.weight", ())])
+            if not torch.equal(head, embed):
+                raise ValueError(f"{model_dir}: lm_head.weight differs from the embedding {origin_hf_dir} ties it to")
+        problems = [f"{n}: not in {origin_hf_dir}" for n in sorted(set(stored) - set(expected)) if n != "lm_head.weight"
+                    or not tied_head]  # fmt: skip
+        problems += [f"{n}: missing" for n in sorted(set(expected) - set(stored))]
+        problems += [
+            f"{n}: shape {list(stored[n][0])}, {origin_hf_dir} has {list(shape)}"
+            for n, shape in expected.items()
+            if n in stored and tuple(stored[n][0]) != tuple(shape)
+        ]
+    finally:
+        origin.close()
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; ... ({len(problems)} in all)" if len(problems) > 5 else "")
+        raise ValueError(f"{model_dir}: does not hold {origin_hf_dir}'s model: {shown}")
+    nonfinite: set[str] = set()
+    inputs = {"--input-dir": model_dir.parent, "--origin-hf-dir": origin_hf_dir}
+    with staged_output(pathlib.Path(output_dir), force=force, flag="--output-dir", inputs=inputs) as tmp:
+        writer = HFShardedWriter(tmp, max_shard_bytes=chunk_size)
+        for name in tqdm(sorted(expected), desc="fsdp→hf", unit="tensor", disable=not progress):
+            (tensor,) = ckpt.read([(f"model.{name}", ())])
+            writer.add(name, _cast(tensor, dtype, name, nonfinite))
+        writer.close()
+        copy_assets(origin_hf_dir, tmp)
+        describe_exported_weights(tmp / "config.json", writer.dtypes)
+    _warn_nonfinite(model_dir, nonfinite)
+    logger.info("wrote HF checkpoint to %s", output_dir)
+    return pathlib.Path(output_dir)

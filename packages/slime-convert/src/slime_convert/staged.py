@@ -15,9 +15,9 @@ import pathlib
 import shutil
 from collections.abc import Iterator, Mapping
 
-from slime_core.dir_swap import recover, remove, staging_dir, swap_in
+from slime_core.dir_swap import prepare_staging, recover, remove, staging_dir, swap_in
 
-__all__ = ["staged_output"]
+__all__ = ["staged_output", "staged_save_root"]
 
 
 def _refuse_replacing_inputs(out: pathlib.Path, flag: str, inputs: Mapping[str, str | os.PathLike[str]]) -> None:
@@ -90,3 +90,43 @@ def staged_output(
         shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
         raise
     swap_in(tmp, out, flag=flag, force=force)
+
+
+@contextlib.contextmanager
+def staged_save_root(root: str | os.PathLike[str], *, flag: str) -> Iterator[pathlib.Path]:
+    """Yields where to write a save root's contents (an iteration folder and the tracker) so they appear together.
+
+    An absent or empty `root` is built whole as `<root>.tmp` and renamed in once when the block ends
+    (`slime_core.dir_swap.swap_in`): a kill at any point leaves `root` as it was, and the next run removes the
+    left-over `<root>.tmp`. It was written in place, the iteration folder renamed in first and the tracker second: a
+    kill between the two renames left a complete folder no reader loads (Megatron's `--load <root>` reads the
+    tracker first) that also blocked the next conversion ("exists"). A `root` that already holds something (or is a
+    link, whose target is written into) cannot be replaced: `root` itself is yielded, and the caller writes the
+    tracker last, which publishes the folder for a reader; so is the working directory.
+
+    Args:
+        root: the save root (`--save`).
+        flag: the flag that named it, for error messages.
+
+    Yields:
+        `<root>.tmp` (empty, marked as slime's), or `root` (created if missing).
+
+    Raises:
+        slime_core.dir_swap.ReplaceRefused: a `<root>.tmp` or `<root>.old` that slime did not write is in the way.
+    """
+    out = pathlib.Path(root).absolute()
+    _refuse_a_name_without_room_for_the_suffixes(out, flag)
+    recover(out, flag=flag)  # a swap cut between its renames (an empty root moved aside) is undone first
+    # In place also for the working directory: renaming it away would leave this process in a deleted folder.
+    in_place = out.is_symlink() or out == pathlib.Path.cwd()
+    if in_place or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
+        out.mkdir(parents=True, exist_ok=True)
+        yield out
+        return
+    tmp = prepare_staging(out, flag=flag)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    swap_in(tmp, out, flag=flag)

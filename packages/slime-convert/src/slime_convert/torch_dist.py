@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from slime_convert.staged import staged_output
-from slime_core.checkpoint_dirs import TRACKER_FILE, iteration_name
+from slime_core.checkpoint_dirs import FSDP_MODEL_DIR, REFERENCE_DIR, TRACKER_FILE, iteration_name
 from slime_core.error_text import first_rank_error, first_sentence
 
 logger = logging.getLogger(__name__)
@@ -319,10 +319,12 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
 
     Raises:
         FileNotFoundError: nothing loadable at `path`.
-        ValueError: the tracker file holds neither an iteration number nor "release", or the iteration is in
-            Megatron's legacy per-rank layout (`mp_rank_*` folders, `--ckpt-format torch`).
+        ValueError: an FSDP checkpoint (named as such), the tracker file holds neither an iteration number nor
+            "release", or the iteration is in Megatron's legacy per-rank layout (`mp_rank_*` folders,
+            `--ckpt-format torch`).
     """
     root = pathlib.Path(path)
+    _refuse_fsdp_layout(root)
     if (root / ".metadata").is_file():
         return root
     _refuse_legacy_layout(root)
@@ -340,9 +342,31 @@ def resolve_iteration_dir(path: str | os.PathLike[str], iteration: int | None = 
             raise ValueError(f"{tracker}: holds {text[:80]!r}, not an iteration number or 'release'")
         candidate = root / ("release" if text == "release" else iteration_name(int(text)))
     if not (candidate / ".metadata").is_file():
+        _refuse_fsdp_layout(candidate)
         _refuse_legacy_layout(candidate)
         raise FileNotFoundError(f"{candidate} is not a torch_dist checkpoint directory")
     return candidate
+
+
+def _refuse_fsdp_layout(path: pathlib.Path) -> None:
+    """Names the FSDP trainer's checkpoint (`slime_train_fsdp.checkpoint`), refused with a ValueError.
+
+    That is an iteration folder with `meta.json` and `model_and_optim/`, or one of its DCP folders. Its DCP shards
+    hold the HF model's own parameter names, which no torch_dist reader maps (the generic "not a torch_dist
+    checkpoint" said nothing of what it was).
+    """
+    if path.name in (FSDP_MODEL_DIR, REFERENCE_DIR) and (path.parent / "meta.json").is_file():
+        iteration_dir = path.parent
+    elif (path / "meta.json").is_file() and (path / FSDP_MODEL_DIR).is_dir():
+        iteration_dir = path
+    else:
+        return
+    raise ValueError(
+        f"{path}: an FSDP checkpoint (--train-backend fsdp: {iteration_dir.name}/{FSDP_MODEL_DIR} holds DCP shards of "
+        "the HF model's own parameters), not Megatron torch_dist: export it with `slime-convert fsdp-to-hf "
+        f"--input-dir {iteration_dir} --output-dir DIR --origin-hf-dir <the run's --hf-checkpoint>`; "
+        f"--train-backend fsdp loads it as it is (--load {iteration_dir.parent})"
+    )
 
 
 def _refuse_legacy_layout(iteration_dir: pathlib.Path) -> None:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMPLETE_MARKERS",
+    "FSDP_MODEL_DIR",
     "REFERENCE_DIR",
     "TRACKER_FILE",
     "complete_iterations",
@@ -51,6 +52,9 @@ REFERENCE_DIR = "ref"
 
 # The file each writer writes last into an iteration folder: FSDP's `meta.json`, torch_dist's `.metadata`.
 COMPLETE_MARKERS = ("meta.json", ".metadata")
+
+# The FSDP trainer's DCP shards of {"model", "optim"} inside its iteration folder (the model's own HF names).
+FSDP_MODEL_DIR = "model_and_optim"
 
 # ASCII digits only: `\d` also matches other scripts' digits, which `int` reads but `iteration_name` never writes.
 _ITERATION = re.compile(r"iter_([0-9]{7})")

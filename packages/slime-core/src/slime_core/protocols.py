@@ -241,7 +241,10 @@ class EnvStep:
         observation: text to append as masked (non-trainable) tokens; empty when done without output.
         done: the episode is over (final answer given or turn budget spent).
         reward: optional reward decided by the environment.
-        info: free-form details (tool name, errors) for metrics and debugging.
+        info: free-form details (tool name, errors) for metrics and debugging. One key is read by the rollout's
+            metrics: `num_backend_errors` (int), the tool calls of this step whose backend (a retrieval server, an
+            API) failed, so that the model was shown an error in place of the result
+            (`rollout/env_backend_error_samples` counts the samples with one).
         tool_responses: contents of tool messages (one per call) for chat-template tool calling; when
             given, the generate function renders them as `tool` messages with the tokenizer's chat
             template instead of appending `observation` verbatim (`observation` is then their plain

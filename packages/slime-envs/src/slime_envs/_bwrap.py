@@ -12,7 +12,8 @@ Inside, the sandbox sees (all read-only unless said otherwise):
   place, the working directory and `$HOME`; the model's code is copied in as `/tmp/main.py`.
 
 Nothing else of the host exists there: no `/etc`, `/home`, `/root`, `/work`, `/var`, host `/tmp`, `/sys`
-or host `/proc`.
+or host `/proc`. The bound paths are the host's own names, and `/proc/self/mountinfo` prints each bind's source
+path too (the runner's is its host path); the package README lists what a sandboxed program can see.
 
 A root host runs bubblewrap as `nobody`, so that the sandbox's uid maps to an unprivileged host uid (a user
 namespace made by root maps to root). nobody may not walk every runtime path (pyenv lives under `/root`,

@@ -15,6 +15,12 @@ Corpus file: JSONL, one passage per line with `contents` (Search-R1's wiki dumps
 or `text` and optional `title`. Remote retriever: Search-R1's retrieval server protocol,
 `POST {url} {"queries": [q], "topk": k, "return_scores": true}` → `{"result": [[{"document":
 {"contents": ...}, "score": s}, ...]]}`.
+
+A retrieval that fails (server down, HTTP error, bad reply, past `tool_timeout_s`) is shown to the model as an
+error in place of the passages, as the original's example shows it an empty `<information>` (its local backend
+catches every error and returns no passages): the episode goes on. Each such search is logged and counted in the
+step's `info["num_backend_errors"]`; the rollout metric `rollout/env_backend_error_samples` counts the samples
+trained with one in their observations (`slime_core.protocols.EnvStep`).
 """
 
 from __future__ import annotations
@@ -249,6 +255,7 @@ class SearchEnv(ToolEnv):
         self.topk, self.format, self.reward, self.format_score = topk, format, reward, format_score
         self.stop = ["</search>", "</answer>"] if format == "tags" else []
         self.num_invalid = 0
+        self.num_backend_errors = 0  # searches of this env whose retrieval failed (the model saw an error)
 
     async def retrieve(self, query: str) -> list[Passage]:
         """Top-k passages for `query` from the configured retriever."""
@@ -264,7 +271,13 @@ class SearchEnv(ToolEnv):
     async def _search_tool(self, query: str) -> str:
         if not isinstance(query, str) or not query.strip():
             return "Error: 'query' must be a non-empty string."
-        return format_passages(await self.retrieve(query))
+        try:
+            return format_passages(await self.retrieve(query))
+        except (httpx.HTTPError, ValueError, TimeoutError, asyncio.CancelledError):
+            # `ToolEnv.call_tool` shows the model the error (a CancelledError here is its tool_timeout_s deadline; a
+            # cancelled rollout never reads the count).
+            self.num_backend_errors += 1
+            raise
 
     def _score_answer(self, answer: str | None) -> float | None:
         if self.reward is None or self.label is None:
@@ -297,6 +310,7 @@ class SearchEnv(ToolEnv):
             async with deadline:
                 return format_passages(await self.retrieve(query))
         except TimeoutError as e:
+            self.num_backend_errors += 1
             if not deadline.expired():  # the retriever's own TimeoutError: a failure like any other
                 logger.warning("search env: retrieval failed for %r: %r", query, e)
                 return "Error: retrieval failed (TimeoutError)."
@@ -307,13 +321,21 @@ class SearchEnv(ToolEnv):
             )
             return f"Error: retrieval did not answer within {self.tool_timeout_s:g} s."
         except (httpx.HTTPError, ValueError) as e:
+            self.num_backend_errors += 1
             logger.warning("search env: retrieval failed for %r: %s", query, e)
             return f"Error: retrieval failed ({type(e).__name__})."
 
     async def step(self, model_turn: str) -> EnvStep:
-        """One Search-R1 action (tags format), or a `<tool_call>` turn (qwen format)."""
+        """One Search-R1 action (tags format), or a `<tool_call>` turn (qwen format).
+
+        A step that searched has `info["num_backend_errors"]`: its searches whose retrieval failed (shown as errors).
+        """
+        before = self.num_backend_errors
         if self.format == "qwen":
-            return await super().step(model_turn)
+            step = await super().step(model_turn)
+            if not step.done:
+                step.info["num_backend_errors"] = self.num_backend_errors - before
+            return step
         action, content = parse_tag_action(model_turn)
         if action == "answer":
             return EnvStep(observation="", done=True, reward=self._score_answer(content), info={"answer": content})
@@ -325,6 +347,7 @@ class SearchEnv(ToolEnv):
                 _count_truncated(1, self.max_response_chars)
             self.num_tool_calls += 1
             observation = f"\n\n<information>{text}</information>\n\n"
-            return EnvStep(observation=observation, done=False, info={"query": content, "num_truncated": int(cut)})
+            info = {"query": content, "num_truncated": int(cut), "num_backend_errors": self.num_backend_errors - before}
+            return EnvStep(observation=observation, done=False, info=info)
         self.num_invalid += 1
         return EnvStep(observation=_INVALID_ACTION, done=False, info={"invalid": True})

@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from slime_core.checkpoint_dirs import (
+    FSDP_MODEL_DIR,
     REFERENCE_DIR,
     TRACKER_FILE,
     complete_iterations,
@@ -115,7 +116,7 @@ def save_checkpoint(
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd} if save_optim else {"model": model_sd}
-    dcp.save(state, checkpoint_id=str(tmp / "model_and_optim"))
+    dcp.save(state, checkpoint_id=str(tmp / FSDP_MODEL_DIR))
     if reference is not None:
         # `model_sd`'s tensors are views of the live parameters (no gather, no copy), which the swap overwrites in
         # place: saved again while the reference is in them.
@@ -207,7 +208,7 @@ def check_critic_checkpoint(flag: str, load_dir: str | os.PathLike[str], ckpt_st
         return
     path = root / iteration_name(step)
     try:
-        saved = dcp.FileSystemReader(str(path / "model_and_optim")).read_metadata().state_dict_metadata
+        saved = dcp.FileSystemReader(str(path / FSDP_MODEL_DIR)).read_metadata().state_dict_metadata
     except Exception:  # noqa: BLE001 - missing or damaged: load_checkpoint names it
         return
     if "model.value_head.weight" in saved:
@@ -236,11 +237,11 @@ def _read(
     """
     has_optim = (path / "scheduler.pt").exists()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    differences = _parameter_differences(path / "model_and_optim", model_sd)
+    differences = _parameter_differences(path / FSDP_MODEL_DIR, model_sd)
     if differences:
         raise _OtherParameters(differences)
     state = {"model": model_sd, "optim": optim_sd} if (load_optim and has_optim) else {"model": model_sd}
-    dcp.load(state, checkpoint_id=str(path / "model_and_optim"))
+    dcp.load(state, checkpoint_id=str(path / FSDP_MODEL_DIR))
     if "optim" in state:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     else:

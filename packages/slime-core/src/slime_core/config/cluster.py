@@ -218,6 +218,14 @@ class WeightSyncArgs(ArgsGroup):
     )
     update_weight_disk_keep_files: bool = arg(False, "Keep the checkpoints written for disk weight sync.")
     update_weight_buffer_size: int = arg(512 * 1024**2, "Bucket size in bytes for weight sync.", ge=1)
+    update_weight_timeout: float = arg(
+        1800.0,
+        "Seconds an engine has to answer each call of a weight push that waits on generation or on loading: "
+        "pause_generation (returns once in-flight requests have left) and each weight update (update_weights_* "
+        "bucket, load_lora_adapter: queued behind in-flight requests, then loaded); past it the engine fails the "
+        "push, naming this flag (the original waits without limit).",
+        gt=0,
+    )
     update_weights_interval: int = arg(1, "Push weights to the engines every this many rollouts.", ge=1)
     keep_old_actor: bool = arg(False, "Keep a copy of the previous actor weights as the old policy.")
     check_weight_update_equal: bool = arg(False, "After a sync, check that engine weights equal trainer weights.")

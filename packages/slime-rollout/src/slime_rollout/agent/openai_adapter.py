@@ -38,6 +38,9 @@ the original's adapter always returns only the first). `finish_reason` is `lengt
 the token cap, even after a complete call; a call cut before its `</tool_call>` stays text.
 A reply whose client closed the connection first (its HTTP timeout) is not recorded: no one acted on it
 (`metadata["agent"]["num_unanswered"]` counts them); give the agent's client a timeout above `request_timeout_s`.
+An engine's failure reaches the agent as an OpenAI error body naming the cause: HTTP 502 (the engine failed the
+call), 503 (no engine serving: all down past `--rollout-engine-recovery-timeout`, or the call was aborted), 504
+(past `request_timeout_s`).
 Not supported, refused with HTTP 400 naming the field: `stream`, `n` > 1, `tool_choice` that forces a call,
 `top_logprobs`, non-text content and `response_format`.
 """
@@ -69,6 +72,7 @@ from slime_rollout.agent.stops import call_stops, cut_at_stop, stop_strings
 from slime_rollout.agent.token_bytes import token_bytes
 from slime_rollout.agent.trajectory import AgentSession, TurnRecord
 from slime_rollout.engines.client import EngineClient
+from slime_rollout.engines.pool import NoHealthyEngineError
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.generation.engine_reply import parse_generate_reply
 from slime_rollout.generation.seeds import continuation_seed
@@ -386,6 +390,11 @@ class OpenAIAdapter:
                 code = "context_length_exceeded" if "context length" in said else None
                 return _error(400, f"the engine refused the call: {said}", code=code)
             return _error(502, str(e), kind="server_error")
+        except NoHealthyEngineError as e:
+            # Every engine is down (not a RuntimeError of this adapter): without this the agent saw aiohttp's bare
+            # "500 Internal Server Error" with no cause. 503 says "not now"; the openai SDK retries it.
+            logger.warning("agent session %s: no engine served the call: %s", session.session_id, e)
+            return _error(503, str(e), kind="server_error")  # names the flag and each engine's state
         finally:
             session.inflight.discard(task)
         transport = request.transport

@@ -21,7 +21,7 @@ from slime_rollout.engines import wire
 from slime_rollout.engines.open_files import ensure_open_files
 from slime_rollout.engines.pool import EnginePool, EngineState
 from slime_rollout.engines.probe import ProbeResult, probe
-from slime_rollout.engines.transport import EngineError, EngineResponse, HttpEndpoint
+from slime_rollout.engines.transport import DEFAULT_TIMEOUT_S, EngineError, EngineResponse, HttpEndpoint
 from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline, backstop_timeout_s
 
 if TYPE_CHECKING:
@@ -330,6 +330,8 @@ class RolloutClient:
         slow_warning_s: seconds between warnings while a `/generate` call runs (`--slow-call-warning-secs`).
         probe_timeout_s: without `failover`, how long a slow call's engine may take to answer `/health_generate`
             before it counts as frozen (`--rollout-health-check-timeout`; `slime_rollout.engines.pool`).
+        update_weight_timeout_s: seconds a weight push's slow calls may take (`--update-weight-timeout`;
+            `slime_rollout.weight_sync.push.PushSession`); the engines' read timeout stays past it.
         **client_kw: passed to every `EngineClient` (timeout, max_retries, ...).
     """
 
@@ -345,9 +347,13 @@ class RolloutClient:
         lora_name: str | None = None,
         slow_warning_s: float = 60.0,
         probe_timeout_s: float = 30.0,
+        update_weight_timeout_s: float = DEFAULT_TIMEOUT_S,
         **client_kw: Any,
     ):
-        self._client_kw = {"max_connections": concurrency, **client_kw}
+        # The socket's read timeout is a backstop behind the push's deadline, whose error names the flag.
+        read_s = max(DEFAULT_TIMEOUT_S, backstop_timeout_s(update_weight_timeout_s) or 0.0)
+        self._client_kw = {"max_connections": concurrency, "timeout": read_s, **client_kw}
+        self.update_weight_timeout_s = update_weight_timeout_s
         self.concurrency = concurrency
         self.lora_name = lora_name
         self.router = None

@@ -120,6 +120,14 @@ def response_metrics(samples: Sequence[Sample], prefix: str, lengths: Sequence[i
     }
 
 
+def _num_backend_errors(sample: Sample) -> int:
+    """Tool calls of the sample's episode whose backend failed (sum of its env steps' `info["num_backend_errors"]`)."""
+    infos = sample.metadata.get("env_info")
+    if not isinstance(infos, list):
+        return 0
+    return sum(int(i.get("num_backend_errors") or 0) for i in infos if isinstance(i, Mapping))
+
+
 def multi_turn_metrics(samples: Sequence[Sample], max_response_len: int | None) -> dict[str, float]:
     """The original's `--log-multi-turn` statistics (`log_multi_turn_data`), means over the rollout's samples.
 
@@ -277,6 +285,9 @@ def compute_rollout_metrics(
     metrics["rollout/env_failed_samples"] = float(
         sum(s.status is Status.FAILED and "env_error" in s.metadata for s in samples)
     )
+    # Samples trained with a tool backend's failure shown as an observation (`EnvStep.info["num_backend_errors"]`:
+    # a retrieval server down); the env logs each one.
+    metrics["rollout/env_backend_error_samples"] = float(sum(_num_backend_errors(s) > 0 for s in samples))
     lengths = [s.effective_response_length for s in samples]
     metrics.update(response_metrics(samples, "rollout/", lengths))
     if cfg.log_multi_turn:

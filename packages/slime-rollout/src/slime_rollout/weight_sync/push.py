@@ -39,16 +39,19 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
+from slime_rollout.engines.client import RolloutClient
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.engines.wire import UpdateWeightVersionReq
 from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline
 
-__all__ = ["PushSession", "WeightPushError", "alongside_engines", "engine_locks"]
+__all__ = ["PushSession", "WeightPushError", "alongside_engines", "engine_locks", "push_client"]
 
 logger = logging.getLogger(__name__)
 
 # The flag that bounds a push's quick control calls (`PushSession.each(..., quick=True)`).
 QUICK_CALL_FLAG = "--rollout-health-check-timeout"
+# The flag that bounds its other calls: pause_generation and the weight updates, which wait on generation or load.
+SLOW_CALL_FLAG = "--update-weight-timeout"
 
 # How long a failed broadcast of this end waits for an engine's HTTP call to fail unreachable (the peer that died).
 PEER_GRACE_S = 5.0
@@ -72,6 +75,22 @@ class WeightPushError(RuntimeError):
 
     def __reduce__(self) -> tuple:
         return (WeightPushError, (self.failed, self.weight_version))
+
+
+def push_client(cfg: Any, engine_urls: Sequence[str]) -> RolloutClient:
+    """The engine client of the trainer's weight pushes, with the run's bounds on its calls.
+
+    Args:
+        cfg: the run config: `rollout_health_check_timeout` (quick calls), `update_weight_timeout` (pause and the
+            weight updates), `slow_call_warning_secs` (warnings while a call runs).
+        engine_urls: the engines' base URLs.
+    """
+    return RolloutClient(
+        list(engine_urls),
+        probe_timeout_s=cfg.rollout_health_check_timeout,
+        slow_warning_s=cfg.slow_call_warning_secs,
+        update_weight_timeout_s=cfg.update_weight_timeout,
+    )
 
 
 def _lock(url: str) -> threading.Lock:
@@ -105,7 +124,9 @@ class PushSession:
             transport must, since its other members wait on the failed one).
         quick_call_s: seconds an engine has to answer a quick control call (`QUICK_CALL_FLAG`; None: the
             client's read timeout, `slime_rollout.engines.transport.DEFAULT_TIMEOUT_S`).
-        warn_every_s: seconds between "still running" warnings of a quick call (`--slow-call-warning-secs`).
+        slow_call_s: seconds an engine has to answer any other call of the push (`SLOW_CALL_FLAG`: pause_generation
+            and the weight updates, which wait behind in-flight requests, then load); None: the client's read timeout.
+        warn_every_s: seconds between "still running" warnings of a call (`--slow-call-warning-secs`).
     """
 
     def __init__(
@@ -114,11 +135,12 @@ class PushSession:
         *,
         tolerant: bool = True,
         quick_call_s: float | None = None,
+        slow_call_s: float | None = None,
         warn_every_s: float = 60.0,
     ):
         self.engines = list(engines)
         self.tolerant = tolerant
-        self.quick_call_s, self.warn_every_s = quick_call_s, warn_every_s
+        self.quick_call_s, self.slow_call_s, self.warn_every_s = quick_call_s, slow_call_s, warn_every_s
         self.failed: dict[str, str] = {}
         # engine URL -> weight-update calls that may have landed there: answered, or unanswered (a timeout or a lost
         # connection may come after the engine applied it); a refusal (an HTTP error reply) did not land.
@@ -145,24 +167,34 @@ class PushSession:
         """`engine.<method>(**kw)` on every live engine concurrently; returns the live engines' results in order.
 
         `tracked`: a weight-update call, counted per engine in `buckets_landed` (`track`). `quick`: a call the engine
-        answers without waiting on generation or on weights, bounded by `quick_call_s` (an engine that does not
-        answer in time fails with an unreachable `EngineError` naming `QUICK_CALL_FLAG`).
+        answers without waiting on generation or on weights, bounded by `quick_call_s`; any other call is bounded by
+        `slow_call_s` (an engine that does not answer in time fails with an unreachable `EngineError` naming
+        `QUICK_CALL_FLAG` or `SLOW_CALL_FLAG`).
 
         Raises:
             EngineError: an engine failed and the session is not tolerant.
         """
-        if quick and self.quick_call_s is not None:
-            return await self.apply(method, lambda engine: self._quick(engine, method, kw))
-        return await self.apply(method, lambda engine: getattr(engine, method)(**kw), tracked=tracked)
+        return await self.apply(
+            method,
+            lambda engine: self.bounded(engine, method, getattr(engine, method)(**kw), quick=quick),
+            tracked=tracked,
+        )
 
-    async def _quick(self, engine: Any, method: str, kw: dict[str, Any]) -> Any:
-        """`engine.<method>(**kw)` within `quick_call_s`, as an unreachable `EngineError` when it takes longer."""
+    async def bounded(self, engine: Any, method: str, call: Awaitable[Any], *, quick: bool = False) -> Any:
+        """`call` to `engine` within `quick_call_s` (`quick`) or `slow_call_s`; unbounded here when that is None.
+
+        Raises:
+            EngineError: unreachable, past the bound (the message names the flag that sets it); or the call's own.
+        """
+        deadline_s, flag = (self.quick_call_s, QUICK_CALL_FLAG) if quick else (self.slow_call_s, SLOW_CALL_FLAG)
+        if deadline_s is None:
+            return await call
         try:
             return await await_with_deadline(
-                getattr(engine, method)(**kw),
+                call,
                 what=f"weight push: {method} on engine {engine.url}",
-                deadline_s=self.quick_call_s,
-                flag=QUICK_CALL_FLAG,
+                deadline_s=deadline_s,
+                flag=flag,
                 warn_every_s=self.warn_every_s,
             )
         except DeadlineExceeded as exc:

@@ -124,6 +124,7 @@ class _EngineUpdater:
             self.client.engines,
             tolerant=self.tolerant,
             quick_call_s=pool.probe_timeout_s,
+            slow_call_s=self.client.update_weight_timeout_s,
             warn_every_s=pool.slow_warning_s,
         )
         error: BaseException | None = None
@@ -132,7 +133,7 @@ class _EngineUpdater:
                 # Bounds, read from SGLang 0.5.16 (tokenizer_manager.py, http_server.py): `pause_generation` in
                 # "abort" mode returns only once every in-flight request has left, and the update calls first take
                 # `model_update_lock`'s writer side (behind in-flight requests), then load (large checkpoints,
-                # collectives): these keep the client's read timeout (DEFAULT_TIMEOUT_S). The scheduler answers a
+                # collectives): these are bounded by --update-weight-timeout. The scheduler answers a
                 # flush at once (refusing it while requests remain: `flush_cache` retries those); the tokenizer
                 # manager sets the version without the scheduler and continues by only sending it a message. So a
                 # hung engine is cut off after --rollout-health-check-timeout on these.
@@ -485,13 +486,17 @@ class DistributedWeightUpdater(_EngineUpdater):
             announces = [
                 self.session.track(  # counted: an engine left mid-push is relabelled incomplete
                     engine.url,
-                    engine.update_weights_from_distributed(
-                        names=names,
-                        dtypes=dtypes,
-                        shapes=shapes,
-                        group_name=self.group_name,
-                        flush_cache=False,
-                        weight_version=weight_version,
+                    self.session.bounded(
+                        engine,
+                        "update_weights_from_distributed",
+                        engine.update_weights_from_distributed(
+                            names=names,
+                            dtypes=dtypes,
+                            shapes=shapes,
+                            group_name=self.group_name,
+                            flush_cache=False,
+                            weight_version=weight_version,
+                        ),
                     ),
                 )
                 for engine in engines
