@@ -207,10 +207,39 @@ def test_save_hf_exports_at_every_save_with_the_rollout_id_filled_in(monkeypatch
     )
     saves = [e for e in events if e[0].startswith("trainer.save")]
     assert saves == [
-        ("trainer.save", 1), ("trainer.save_hf", "/hf/iter_1"), ("trainer.save", 2), ("trainer.save_hf", "/hf/iter_2")
+        ("trainer.save_hf", "/hf/iter_1"), ("trainer.save", 1), ("trainer.save_hf", "/hf/iter_2"), ("trainer.save", 2)
     ]  # fmt: skip
     assert "perf/save_hf_time" in logged[1] and "perf/save_hf_time" not in logged[0]
     assert logged["outputs"] == {"hf_checkpoint": "/hf/iter_2", "checkpoints": "/ckpt"}
+
+
+class _Killed(BaseException):
+    """The run's process dying mid-call (SIGKILL): nothing after it runs."""
+
+
+def test_a_run_killed_during_an_hf_export_has_not_committed_that_rollouts_checkpoint(monkeypatch):
+    """The checkpoint's tracker (written by `trainer.save`) is the commit point of the export too.
+
+    The export was written after it: a kill during the export of rollout 1 left iteration 1 committed, the resumed
+    run started at rollout 2, and `--save-hf`'s rollout-1 folder (the final model, after the last rollout) was never
+    written. Now the resume starts at rollout 1 again and exports it.
+    """
+
+    class KilledInExport(_Trainer):
+        def __init__(self, events):
+            super().__init__(events)
+            KilledInExport.last_events = events
+
+        def save_hf(self, path):
+            super().save_hf(path)
+            if path == "/hf/iter_1":
+                raise _Killed
+
+    with pytest.raises(_Killed):
+        _run(monkeypatch, KilledInExport, save="/ckpt", save_interval=2, save_hf="/hf/iter_{rollout_id}",
+             eval_prompt_data=None)  # fmt: skip
+    events = KilledInExport.last_events
+    assert ("trainer.save_hf", "/hf/iter_1") in events and ("trainer.save", 1) not in events
 
 
 def test_save_hf_without_save_exports_after_the_last_rollout(monkeypatch):

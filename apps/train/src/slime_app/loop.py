@@ -255,14 +255,16 @@ class Run:
             with self._phase(phase[0], rollout_id, phase[1]):
                 metrics.update(self.train(rollout_id, batch_refs))
             # As the original's save_model: the HF export goes with every save (each --save-interval, each
-            # epoch's end, the last rollout), and the last rollout also exports without --save.
+            # epoch's end, the last rollout), and the last rollout also exports without --save. The export comes
+            # first: the checkpoint's tracker commits both, so a run killed during the export resumes before this
+            # rollout and exports it again (after the tracker, the resumed run started past it: never exported).
             if self._saves_after(rollout_id) or rollout_id == cfg.num_rollout - 1:
-                if cfg.save:
-                    with self._phase("save", rollout_id):
-                        metrics["perf/save_time"] = self.save(rollout_id)
                 if cfg.save_hf:
                     with self._phase("save", rollout_id, "--save-hf"):
                         metrics["perf/save_hf_time"] = self.save_hf(rollout_id)
+                if cfg.save:
+                    with self._phase("save", rollout_id):
+                        metrics["perf/save_time"] = self.save(rollout_id)
             if self.rollouts.weights_due(rollout_id):
                 self.rollouts.settle()  # async: the engines never change weights mid-generation
                 metrics.update(self.sync_weights(rollout_id + 1))
