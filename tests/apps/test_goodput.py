@@ -72,3 +72,23 @@ def test_summary_and_json(tmp_path):
     assert len(text.splitlines()) <= 24  # one screen
     data = json.loads(open(meter.save(str(tmp_path / "goodput.json"))).read())
     assert data["goodput/cum/tokens_generated"] == 100.0 and data["time"]["train"] == 2.5
+
+
+def test_totals_kept_with_a_checkpoint_continue_and_a_missing_or_damaged_file_starts_at_zero(tmp_path, caplog):
+    meter = _meter(colocate=True)
+    meter.update(_rollout())
+    meter.add_eval(5.0)
+    meter.save_state(tmp_path, 0)
+    resumed = _meter(colocate=True)
+    assert resumed.load_state(tmp_path, 0)
+    out = resumed.update(_rollout())
+    assert out["goodput/cum/tokens_generated"] == 200.0 and out["goodput/cum/wall_time"] == pytest.approx(25.0)
+    assert resumed.num_rollouts == 2
+    (tmp_path / "rollout" / "goodput_1.json").write_text("{not json")
+    for rollout_id, said in ((1, "not read (JSONDecodeError"), (2, "is missing")):
+        fresh = _meter(colocate=True)
+        with caplog.at_level("WARNING"):
+            assert not fresh.load_state(tmp_path, rollout_id)
+        assert said in caplog.records[-1].getMessage()
+        assert f"count from rollout {rollout_id + 1}, this run's start" in caplog.records[-1].getMessage()
+        assert fresh.cumulative()["goodput/cum/tokens_generated"] == 0.0 and fresh.num_rollouts == 0

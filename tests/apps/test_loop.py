@@ -3,6 +3,7 @@
 Ray and the actors are replaced by fakes that record the calls in order (no processes are started).
 """
 
+import json
 import time
 import types
 
@@ -11,6 +12,7 @@ from ray.exceptions import GetTimeoutError
 
 from slime_app import loop, rollout_schedule
 from slime_app.failures import SaveFailed
+from slime_app.goodput import state_path
 from slime_app.train_actor import TrainGroup
 from slime_core.config import SlimeArgs
 
@@ -593,3 +595,46 @@ def test_a_train_only_run_skips_its_evals_as_the_original(monkeypatch, caplog):
     assert [e for e in events if e[0] == "train"] == [("train", 0), ("train", 1), ("train", 2)]
     said = "--eval-interval with --debug-train-only (or --load-debug-rollout-data): no engines run, so no eval runs"
     assert said in caplog.text
+
+
+class _TokenRay(_FakeRay):
+    """Each rollout generates 10 tokens and trains 4 (`goodput/tokens_*`, as the rollout manager reports them)."""
+
+    def get(self, ref, timeout=None):
+        out = super().get(ref, timeout)
+        if ref[0] == "generate":
+            return out[0], {**out[1], "goodput/tokens_generated": 10.0, "goodput/tokens_trained": 4.0}
+        return out
+
+
+def _run_from(monkeypatch, cfg, start):
+    """`Run.run` from rollout `start` (what `build` returned) over the fakes; returns `{rollout: logged metrics}`."""
+    events = []
+    _patch_ray(monkeypatch, _TokenRay(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.manager, run.tracker = cfg, _Actor(events), _Tracker()
+    run.tracker.start = lambda *args: None
+    run.trainer, run.last_hf_export = _Trainer(events), None
+    run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    monkeypatch.setattr(run, "build", lambda: start, raising=False)
+    run.run()
+    return run.tracker.logged
+
+
+def test_cumulative_goodput_goes_on_across_a_resume(monkeypatch, tmp_path):
+    """`goodput/cum/*` of a resumed run count from the run's first rollout, as an uninterrupted run's do.
+
+    They restarted from zero at the resumed rollout (a drop in every cumulative curve, and an end-of-run report of
+    the resumed part only): the meter's totals were not kept with the checkpoint.
+    """
+    ckpt = tmp_path / "ckpt"
+    fields = {"rollout_batch_size": 1, "num_rollout": 4, "save": str(ckpt), "save_interval": 2}
+    straight = _run_from(monkeypatch, SlimeArgs.from_dict(fields), 0)
+    assert [straight[r]["goodput/cum/tokens_generated"] for r in range(4)] == [10.0, 20.0, 30.0, 40.0]
+    saved = json.loads(state_path(ckpt, 1).read_text())
+    assert saved["num_rollouts"] == 2 and saved["tokens"]["generated"] == 20.0 and saved["tokens"]["trained"] == 8.0
+    # Resumed from the checkpoint of rollout 1 (its tracker named it; `build` returns the next rollout).
+    resumed = _run_from(monkeypatch, SlimeArgs.from_dict({**fields, "load": str(ckpt)}), 2)
+    assert [resumed[r]["goodput/cum/tokens_generated"] for r in (2, 3)] == [30.0, 40.0]
+    assert resumed[3]["goodput/cum/trained_fraction"] == pytest.approx(0.4)

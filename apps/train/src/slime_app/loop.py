@@ -221,6 +221,8 @@ class Run:
                 "nothing to train: the run starts at rollout %d (%s) and --num-rollout is %d; raise --num-rollout to "
                 "train on", start, origin, cfg.num_rollout,
             )  # fmt: skip
+        if start > 0 and cfg.load and start < cfg.num_rollout:
+            self.goodput.load_state(cfg.load, start - 1)  # goodput/cum/* go on from the checkpoint's totals
         self.tracker.start(start, cfg.num_rollout)
         # Only with --eval-interval, as the original's train.py: its scripts turn eval off by leaving that flag out
         # (run-qwen3-235B-A22B.sh keeps --eval-prompt-data with `#--eval-interval 20`).
@@ -282,6 +284,9 @@ class Run:
         if should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch):  # None: never
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
+        if not cfg.debug_rollout_only and self._saves_after(rollout_id):  # its checkpoint is committed: go on from it
+            with self._save_errors(rollout_id, "goodput totals' save"):
+                self.goodput.save_state(cfg.save, rollout_id)
 
     def _stop_on(self, findings: list) -> None:
         if findings and self.cfg.stop_on_instability:
