@@ -638,3 +638,18 @@ def test_cumulative_goodput_goes_on_across_a_resume(monkeypatch, tmp_path):
     resumed = _run_from(monkeypatch, SlimeArgs.from_dict({**fields, "load": str(ckpt)}), 2)
     assert [resumed[r]["goodput/cum/tokens_generated"] for r in (2, 3)] == [30.0, 40.0]
     assert resumed[3]["goodput/cum/trained_fraction"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(("start", "fields", "evals"), [
+    (2, {}, [("eval", 2), ("eval", 4)]),  # the eval after rollout 1 was due: run before rollout 2
+    (3, {}, [("eval", 4)]),  # none was due after rollout 2
+    (4, {}, [("eval", 4)]),  # after the last rollout: the final model's eval, and nothing to train
+    (2, {"start_rollout_id": 2}, [("eval", 4)]),  # not the weights of rollout 1
+])  # fmt: skip
+def test_a_resumed_run_evaluates_the_checkpoint_whose_eval_was_due(monkeypatch, tmp_path, start, fields, evals):
+    # The eval after a saved rollout runs after its save and weight sync: a run stopped in between committed the
+    # checkpoint, and the run resumed from it started at the next rollout, so that checkpoint never had its eval/*.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 4, "eval_prompt_data": ["demo", "/e.jsonl"],
+                               "eval_interval": 2, "save": str(tmp_path), "load": str(tmp_path), **fields})  # fmt: skip
+    logged = _run_from(monkeypatch, cfg, start)
+    assert sorted(step for step, metrics in logged.items() if "eval/demo" in metrics) == [e[1] for e in evals]

@@ -233,6 +233,8 @@ class Run:
             self.evaluate(0)
         elif cfg.eval_interval is not None and start == 0 and not cfg.skip_eval_before_train:
             self.evaluate(0)
+        elif self._eval_due_at_resume(start):
+            self.evaluate(start)
         self.rollouts = Rollouts(
             self.manager,
             cfg.num_rollout,
@@ -243,6 +245,20 @@ class Run:
         )
         for rollout_id in range(start, cfg.num_rollout):
             self.step(rollout_id)
+
+    def _eval_due_at_resume(self, start: int) -> bool:
+        """Whether a run resumed from `--load` at `start` evaluates the loaded weights before its first step.
+
+        When the eval after rollout `start - 1` was due (`--eval-interval`, an epoch's end, the last rollout): it runs
+        after that rollout's save, so a run stopped in between (its weight sync or the eval itself) committed the
+        checkpoint without it, and the resumed run went on to the next one: no `eval/*` point for the checkpoint
+        (the original's train.py too). Run again where the stopped run had logged it, it repeats the same point (the
+        same weights, the same sampling seeds). Not with `--start-rollout-id`, whose weights are not that rollout's.
+        """
+        cfg = self.cfg
+        if not (cfg.load and 0 < start <= cfg.num_rollout and cfg.start_rollout_id is None):
+            return False
+        return should_run(cfg.eval_interval, start - 1, cfg.num_rollout, self.per_epoch)
 
     def step(self, rollout_id: int) -> None:
         """One rollout, top to bottom: samples → train → save → weight sync → log → eval."""
