@@ -12,7 +12,7 @@ from ray.exceptions import GetTimeoutError
 
 from slime_app import loop, rollout_schedule
 from slime_app.failures import SaveFailed
-from slime_app.goodput import state_path
+from slime_app.run_state import run_state_path
 from slime_app.train_actor import TrainGroup
 from slime_core.config import SlimeArgs
 
@@ -632,7 +632,7 @@ def test_cumulative_goodput_goes_on_across_a_resume(monkeypatch, tmp_path):
     fields = {"rollout_batch_size": 1, "num_rollout": 4, "save": str(ckpt), "save_interval": 2}
     straight = _run_from(monkeypatch, SlimeArgs.from_dict(fields), 0)
     assert [straight[r]["goodput/cum/tokens_generated"] for r in range(4)] == [10.0, 20.0, 30.0, 40.0]
-    saved = json.loads(state_path(ckpt, 1).read_text())
+    saved = json.loads(run_state_path(ckpt, 1).read_text())["goodput"]
     assert saved["num_rollouts"] == 2 and saved["tokens"]["generated"] == 20.0 and saved["tokens"]["trained"] == 8.0
     # Resumed from the checkpoint of rollout 1 (its tracker named it; `build` returns the next rollout).
     resumed = _run_from(monkeypatch, SlimeArgs.from_dict({**fields, "load": str(ckpt)}), 2)

@@ -23,17 +23,13 @@ training device-seconds are `(log-probs + train) × trainer devices` out of `wal
 from __future__ import annotations
 
 import json
-import logging
 import os
-import pathlib
 from collections.abc import Mapping
+from typing import Any
 
 from slime_core.config import SlimeArgs
-from slime_core.dir_swap import write_text_atomic
 
-__all__ = ["PHASES", "GoodputMeter", "state_path"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["PHASES", "GoodputMeter"]
 
 # Phase -> the perf/* metrics (wall seconds) it sums. Listed in step order; "other" is computed.
 PHASES: dict[str, tuple[str, ...]] = {
@@ -63,11 +59,6 @@ TOKEN_KEYS = (
     "truncated",
     "requeued",
 )
-
-
-def state_path(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
-    """Where a checkpoint keeps the meter's totals through `rollout_id`: beside the data cursor, in `rollout/`."""
-    return pathlib.Path(root) / "rollout" / f"goodput_{rollout_id}.json"
 
 
 def _share(part: float, whole: float) -> float:
@@ -193,44 +184,24 @@ class GoodputMeter:
         lines.append(f"  trained tokens per device-hour: {cum['goodput/cum/trained_tokens_per_device_hour']:,.0f}")
         return "\n".join(lines)
 
-    def save_state(self, root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
-        """Writes the totals through `rollout_id` into the checkpoint folder `root` (`state_path`), atomically.
+    def state(self) -> dict[str, Any]:
+        """The totals a checkpoint keeps (`slime_app.run_state`), so that a resumed run's `goodput/cum/*` go on."""
+        return {"num_rollouts": self.num_rollouts, "tokens": dict(self.tokens), "time": dict(self.time),
+                "generation_time": self.generation_time, "reward_time": self.reward_time}  # fmt: skip
 
-        A resume reads them back (`load_state`), so `goodput/cum/*` go on counting: they restarted from zero at the
-        resumed rollout, and the end-of-run report covered only the resumed part.
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continues from `state()` of a checkpoint (buckets or phases it lacks stay at zero).
+
+        Raises:
+            KeyError, TypeError, ValueError: `state` is not what `state()` returns.
         """
-        state = {"num_rollouts": self.num_rollouts, "tokens": self.tokens, "time": self.time,
-                 "generation_time": self.generation_time, "reward_time": self.reward_time}  # fmt: skip
-        path = state_path(root, rollout_id)
-        write_text_atomic(path, json.dumps(state, indent=2))
-        return path
-
-    def load_state(self, root: str | os.PathLike[str], rollout_id: int) -> bool:
-        """Continues from the totals a checkpoint kept through `rollout_id` (`save_state`); returns whether it did.
-
-        A checkpoint without them (written by the original or an older version, or a run stopped between its
-        checkpoint and this file) or with an unreadable file leaves the totals at zero, said in one warning: the
-        `goodput/cum/*` metrics then count from this run's start.
-        """
-        path = state_path(root, rollout_id)
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-            tokens, seconds = dict(state["tokens"]), dict(state["time"])
-            restored = (int(state["num_rollouts"]), float(state["generation_time"]), float(state["reward_time"]))
-            totals = (
-                {k: float(tokens.get(k, 0.0)) for k in self.tokens},
-                {k: float(seconds.get(k, 0.0)) for k in self.time},
-            )
-        except FileNotFoundError:
-            logger.warning("%s is missing: goodput/cum/* count from rollout %d, this run's start", path, rollout_id + 1)
-            return False
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-            logger.warning("%s: not read (%s: %s); goodput/cum/* count from rollout %d, this run's start", path,
-                           type(e).__name__, e, rollout_id + 1)  # fmt: skip
-            return False
-        self.num_rollouts, self.generation_time, self.reward_time = restored
+        tokens, seconds = dict(state["tokens"]), dict(state["time"])
+        num_rollouts, generation, reward = (
+            int(state["num_rollouts"]), float(state["generation_time"]), float(state["reward_time"])
+        )  # fmt: skip
+        totals = {k: float(tokens.get(k, 0.0)) for k in self.tokens}, {k: float(seconds.get(k, 0.0)) for k in self.time}
         self.tokens, self.time = totals
-        return True
+        self.num_rollouts, self.generation_time, self.reward_time = num_rollouts, generation, reward
 
     def save(self, path: str) -> str:
         """Writes the cumulative metrics and the phase seconds as JSON; returns `path`."""

@@ -33,6 +33,7 @@ from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
 from slime_app.rollout_schedule import Rollouts
+from slime_app.run_state import load_run_state, save_run_state
 from slime_app.save_schedule import hf_export_path, should_run
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
@@ -222,7 +223,7 @@ class Run:
                 "train on", start, origin, cfg.num_rollout,
             )  # fmt: skip
         if start > 0 and cfg.load and start < cfg.num_rollout:
-            self.goodput.load_state(cfg.load, start - 1)  # goodput/cum/* go on from the checkpoint's totals
+            load_run_state(cfg.load, start - 1, self._state_keepers)  # goodput/cum/*, instability baselines go on
         self.tracker.start(start, cfg.num_rollout)
         # Only with --eval-interval, as the original's train.py: its scripts turn eval off by leaving that flag out
         # (run-qwen3-235B-A22B.sh keeps --eval-prompt-data with `#--eval-interval 20`).
@@ -245,6 +246,11 @@ class Run:
         )
         for rollout_id in range(start, cfg.num_rollout):
             self.step(rollout_id)
+
+    @property
+    def _state_keepers(self) -> dict[str, Any]:
+        """The driver's parts of a checkpoint (`slime_app.run_state`): objects with `state()` and `restore(state)`."""
+        return {"goodput": self.goodput, "instability": self.instability}
 
     def _eval_due_at_resume(self, start: int) -> bool:
         """Whether a run resumed from `--load` at `start` evaluates the loaded weights before its first step.
@@ -301,8 +307,8 @@ class Run:
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
         if not cfg.debug_rollout_only and self._saves_after(rollout_id):  # its checkpoint is committed: go on from it
-            with self._save_errors(rollout_id, "goodput totals' save"):
-                self.goodput.save_state(cfg.save, rollout_id)
+            with self._save_errors(rollout_id, "run-state save"):
+                save_run_state(cfg.save, rollout_id, {k: v.state() for k, v in self._state_keepers.items()})
 
     def _stop_on(self, findings: list) -> None:
         if findings and self.cfg.stop_on_instability:
