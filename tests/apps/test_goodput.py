@@ -85,6 +85,8 @@ def test_totals_kept_with_a_checkpoint_continue_and_a_missing_or_damaged_file_st
     out = resumed.update(_rollout())
     assert out["goodput/cum/tokens_generated"] == 200.0 and out["goodput/cum/wall_time"] == pytest.approx(25.0)
     assert resumed.num_rollouts == 2
+    # Megatron's `--load <save>/iter_0000000`: the state is read from the save folder beside it.
+    assert load_run_state(tmp_path / "iter_0000000", 0, {"goodput": _meter(colocate=True)}) == ["goodput"]
     (tmp_path / "rollout" / "run_state_1.json").write_text("{not json")
     save_run_state(tmp_path, 2, {"goodput": {"tokens": "none"}})
     for rollout_id, said in ((1, "not read (JSONDecodeError"), (2, "its goodput part not read"), (3, "is missing")):

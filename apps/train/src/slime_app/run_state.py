@@ -15,6 +15,7 @@ import os
 import pathlib
 from typing import Any
 
+from slime_core.checkpoint_dirs import save_root
 from slime_core.dir_swap import write_text_atomic
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def load_run_state(root: str | os.PathLike[str], rollout_id: int, keepers: dict[
     Returns:
         The names of the keepers restored.
     """
-    path = run_state_path(root, rollout_id)
+    path = run_state_path(save_root(root), rollout_id)  # `--load <save>/iter_XXXXXXX` (Megatron): beside it
     fresh = f"goodput/cum/* and the instability baselines count from rollout {rollout_id + 1}, this run's start"
     try:
         parts = json.loads(path.read_text(encoding="utf-8"))
