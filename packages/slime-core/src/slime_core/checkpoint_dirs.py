@@ -72,10 +72,11 @@ def critic_dirs(cfg: SlimeArgs) -> tuple[str | None, str | None]:
     """The critic's checkpoint folders (PPO): `(load, save)`.
 
     Returns:
-        `--critic-load` (else `<--load>/critic`) and `--critic-save` (else `<--save>/critic`); None where neither is
-        given.
+        `--critic-load` (else `<--load>/critic`, with `<--load>` the save folder holding an iteration folder given as
+        `--load`: `save_root`) and `--critic-save` (else `<--save>/critic`); None where neither is given.
     """
-    return cfg.critic_load or critic_dir(cfg.load), cfg.critic_save or critic_dir(cfg.save)
+    load = str(save_root(cfg.load)) if cfg.load else None
+    return cfg.critic_load or critic_dir(load), cfg.critic_save or critic_dir(cfg.save)
 
 
 def iteration_name(step: int) -> str:
