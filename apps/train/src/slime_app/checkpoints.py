@@ -159,6 +159,24 @@ def _tracker_problem(root: pathlib.Path) -> str | None:
     return f"{TRACKER_FILE} {said} (a partial copy, or a crash before the last save reached the disk)"
 
 
+def _warn_unread_load(cfg: SlimeArgs) -> None:
+    """`--debug-rollout-only` with a checkpoint as `--load`: no trainer runs, so nothing of it is read; said once.
+
+    As the original (its actor returns rollout 0 without loading), the engines serve `--hf-checkpoint` and the data
+    starts from its first prompt; a run meant to roll out the checkpoint's model rolled out the initial one without a
+    word. Its trainer checks (the learning-rate schedule) refused it instead, though no optimizer runs.
+    """
+    kind = checkpoint_kind(cfg.load)
+    if kind in ("missing", "empty"):
+        return
+    logger.warning(
+        "--load %s: --debug-rollout-only runs no trainer, so the weights of %s there are not loaded: the engines "
+        "serve --hf-checkpoint %s, from rollout %d; to roll out the checkpoint's weights, export them (--save-hf, or "
+        "slime-convert mcore-to-hf) and give that folder as --hf-checkpoint",
+        cfg.load, _a(kind), cfg.hf_checkpoint, cfg.start_rollout_id or 0,
+    )  # fmt: skip
+
+
 def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
     root = pathlib.Path(cfg.load)
     _restore_cut_saves(cfg, notes)
@@ -353,7 +371,9 @@ def check_checkpoints(cfg: SlimeArgs) -> list[str]:
             naming both flags).
     """
     notes: list[str] = []
-    if cfg.load:
+    if cfg.load and cfg.debug_rollout_only:
+        _warn_unread_load(cfg)
+    elif cfg.load:
         _check_load(cfg, notes)
     if cfg.ref_load:
         _check_ref_load(cfg, notes)
