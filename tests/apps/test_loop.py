@@ -97,6 +97,12 @@ class _Tracker:
     def eval_line(self, step, metrics):
         pass
 
+    def state(self):
+        return {"curves": {}}
+
+    def restore(self, state):
+        pass
+
 
 def _run(monkeypatch, trainer=None, **fields):
     cfg = SlimeArgs.from_dict(

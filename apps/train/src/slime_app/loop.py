@@ -250,7 +250,7 @@ class Run:
     @property
     def _state_keepers(self) -> dict[str, Any]:
         """The driver's parts of a checkpoint (`slime_app.run_state`): objects with `state()` and `restore(state)`."""
-        return {"goodput": self.goodput, "instability": self.instability}
+        return {"goodput": self.goodput, "instability": self.instability, "tracker": self.tracker}
 
     def _eval_due_at_resume(self, start: int) -> bool:
         """Whether a run resumed from `--load` at `start` evaluates the loaded weights before its first step.

@@ -1,7 +1,8 @@
 """The driver's own part of a checkpoint: what its metric keepers need to go on after a resume.
 
 `<--save>/rollout/run_state_<rollout_id>.json`, beside the data cursor, holds `GoodputMeter.state()` (the totals of
-`goodput/cum/*`) and `InstabilityMonitor.state()` (the rules' baselines and windows) through that rollout. The loop
+`goodput/cum/*`), `InstabilityMonitor.state()` (the rules' baselines and windows) and `Tracker.state()` (the points
+of the reward/eval curve PNG) through that rollout. The loop
 writes it once the rollout's checkpoint is committed and its metrics are accounted; a run resumed at rollout S reads
 `run_state_<S-1>.json` from `--load`. Without it the cumulative curves restarted from zero at every resume and the
 instability rules re-based themselves on the resumed rollouts.
@@ -50,7 +51,10 @@ def load_run_state(root: str | os.PathLike[str], rollout_id: int, keepers: dict[
         The names of the keepers restored.
     """
     path = run_state_path(save_root(root), rollout_id)  # `--load <save>/iter_XXXXXXX` (Megatron): beside it
-    fresh = f"goodput/cum/* and the instability baselines count from rollout {rollout_id + 1}, this run's start"
+    fresh = (
+        f"goodput/cum/*, the instability baselines and the curve PNG count from rollout {rollout_id + 1}, this run's "
+        "start"
+    )
     try:
         parts = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(parts, dict):
