@@ -659,3 +659,14 @@ def test_a_resumed_run_evaluates_the_checkpoint_whose_eval_was_due(monkeypatch, 
                                "eval_interval": 2, "save": str(tmp_path), "load": str(tmp_path), **fields})  # fmt: skip
     logged = _run_from(monkeypatch, cfg, start)
     assert sorted(step for step, metrics in logged.items() if "eval/demo" in metrics) == [e[1] for e in evals]
+
+
+def test_the_run_state_of_a_checkpoint_holds_no_eval_after_it(monkeypatch, tmp_path):
+    # The resume runs that eval again (above): kept in the state as well, the curve and the reward-vs-eval rule had
+    # it twice.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 4, "eval_prompt_data": ["demo", "/e.jsonl"],
+                               "eval_interval": 2, "save": str(tmp_path), "save_interval": 2})  # fmt: skip
+    logged = _run_from(monkeypatch, cfg, 0)
+    assert sorted(step for step, metrics in logged.items() if "eval/demo" in metrics) == [0, 2, 4]
+    state = json.loads(run_state_path(tmp_path, 1).read_text())
+    assert state["instability"]["last_eval"] == {"eval/demo": [0, 0.25]}  # the eval before training, not the one at 2

@@ -259,7 +259,8 @@ class Run:
         after that rollout's save, so a run stopped in between (its weight sync or the eval itself) committed the
         checkpoint without it, and the resumed run went on to the next one: no `eval/*` point for the checkpoint
         (the original's train.py too). Run again where the stopped run had logged it, it repeats the same point (the
-        same weights, the same sampling seeds). Not with `--start-rollout-id`, whose weights are not that rollout's.
+        same weights, the same sampling seeds; the run state saved with the checkpoint holds none of it). Not with
+        `--start-rollout-id`, whose weights are not that rollout's.
         """
         cfg = self.cfg
         if not (cfg.load and 0 < start <= cfg.num_rollout and cfg.start_rollout_id is None):
@@ -267,7 +268,7 @@ class Run:
         return should_run(cfg.eval_interval, start - 1, cfg.num_rollout, self.per_epoch)
 
     def step(self, rollout_id: int) -> None:
-        """One rollout, top to bottom: samples → train → save → weight sync → log → eval."""
+        """One rollout, top to bottom: samples → train → save → weight sync → log (→ run state) → eval."""
         cfg = self.cfg
         t0 = time.perf_counter()
         with self._phase("rollout", rollout_id):
@@ -298,6 +299,11 @@ class Run:
         metrics.update(InstabilityMonitor.metrics_of(findings))
         self.tracker.log(rollout_id, metrics)
         self.tracker.rollout_done(rollout_id, metrics)
+        if not cfg.debug_rollout_only and self._saves_after(rollout_id):
+            # Its checkpoint is committed and the rollout accounted. The eval after it is not in this state: a resume
+            # runs it again (`_eval_due_at_resume`), so its point is in the curve and the rules once.
+            with self._save_errors(rollout_id, "run-state save"):
+                save_run_state(cfg.save, rollout_id, {k: v.state() for k, v in self._state_keepers.items()})
         # The actor's first step: after the critic-only warm-up (the weights are still the synced ones then).
         first_actor_step = max(self.start_rollout_id, cfg.num_critic_only_steps if cfg.use_critic else 0)
         if rollout_id == first_actor_step and not cfg.debug_rollout_only:
@@ -306,9 +312,6 @@ class Run:
         if should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch):  # None: never
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
-        if not cfg.debug_rollout_only and self._saves_after(rollout_id):  # its checkpoint is committed: go on from it
-            with self._save_errors(rollout_id, "run-state save"):
-                save_run_state(cfg.save, rollout_id, {k: v.state() for k, v in self._state_keepers.items()})
 
     def _stop_on(self, findings: list) -> None:
         if findings and self.cfg.stop_on_instability:
