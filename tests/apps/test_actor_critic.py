@@ -8,7 +8,8 @@ import types
 import pytest
 
 from slime_app import cluster
-from slime_app.actor_critic import ActorCritic
+from slime_app.actor_critic import ActorCritic, critic_resume_step
+from slime_core.checkpoint_dirs import critic_dirs
 from slime_core.config import SlimeArgs
 
 
@@ -225,3 +226,17 @@ def test_a_critic_load_naming_this_runs_critic_save_is_paired(tmp_path):
     pair = ActorCritic(cfg, _LoadingGroup("actor", events), _LoadingGroup("critic", events), shared=False)
     pair.init(cfg)
     assert events == [("actor", "init", 2), ("critic", "init", 2)]
+
+
+def test_a_load_naming_one_iteration_folder_pairs_the_critic_of_that_iteration(tmp_path):
+    # Megatron resumes `--load <save>/iter_0000002`; the critic's checkpoints are `<save>/critic/iter_*`. The critic
+    # looked for `<save>/iter_0000002/critic`, found none and started from its initial weights (a warning that the
+    # critic resumes at rollout 0), while the actor went on from iteration 2.
+    _saves(tmp_path, actor=[1, 2, 3], critic=[1, 2, 3])
+    cfg = _cfg(load=str(tmp_path / "iter_0000002"))
+    assert critic_dirs(cfg)[0] == str(tmp_path / "critic")
+    assert critic_resume_step(cfg) == 2
+    events = []
+    pair = ActorCritic(cfg, _LoadingGroup("actor", events), _LoadingGroup("critic", events), shared=False)
+    pair.init(pair.cfg)
+    assert events == [("actor", "init", None), ("critic", "init", 2)]

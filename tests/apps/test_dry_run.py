@@ -422,3 +422,56 @@ def test_the_listing_redacts_by_the_same_rule_as_the_public_config(monkeypatch):
     listing = "\n".join(render_config(cfg))
     assert "hidden-project" not in listing and " wk" not in listing
     assert "--wandb-project" in listing and secrets.REDACTED in listing
+
+
+def test_an_hf_load_of_the_trainers_start_weights_starts_there_at_rollout_0(model, tmp_path):
+    """The original's `--hf-checkpoint M --load M` (examples/geo3k_vlm/run_geo3k_qwen35.sh): start from M's weights.
+
+    It was refused as "an hf checkpoint ... (give it as --hf-checkpoint)", which it already was. Another HF folder
+    than the one the trainer starts from is refused naming that folder's flag.
+    """
+
+    def cfg(*extra):
+        return parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--hf-checkpoint", str(model), *extra])
+
+    for backend in ("fsdp", "megatron"):
+        notes = check_checkpoints(cfg("--train-backend", backend, "--load", str(model)))
+        assert (
+            f"--load {model}: HF weights, the ones the trainer starts from (--hf-checkpoint): the run starts "
+            "from them at rollout 0 with a fresh optimizer, as the original's --load of an HF directory" in notes
+        )
+    other = tmp_path / "other-hf"
+    other.mkdir()
+    for path in model.iterdir():
+        (other / path.name).write_bytes(path.read_bytes())
+    with pytest.raises(ValueError, match=rf"^--load {other}: an HF checkpoint other than the weights the trainer "
+                       rf"starts from \(--hf-checkpoint {model}\);.*give this folder as --hf-checkpoint"):  # fmt: skip
+        check_checkpoints(cfg("--train-backend", "fsdp", "--load", str(other)))
+    # Megatron starts from a torch_dist --ref-load: an HF --load is then not the start weights.
+    torch_dist = tmp_path / "td"
+    (torch_dist / "iter_0000020").mkdir(parents=True)
+    (torch_dist / "iter_0000020" / ".metadata").write_bytes(b"")
+    (torch_dist / "latest_checkpointed_iteration.txt").write_text("20")
+    with pytest.raises(ValueError, match=rf"starts from \(--ref-load {torch_dist}\);.*as --ref-load, or leave out"):
+        check_checkpoints(cfg("--train-backend", "megatron", "--load", str(model), "--ref-load", str(torch_dist)))
+
+
+def test_a_checkpoint_as_load_of_a_rollout_only_run_is_said_to_be_unread(model, tmp_path, caplog):
+    # --debug-rollout-only runs no trainer: its --load checkpoint is never loaded (as the original: rollout 0, the
+    # engines serve --hf-checkpoint). The trainer's checks refused it instead (its learning-rate schedule differs
+    # from flags no optimizer uses), or, with the saved flags, it passed with no word that the weights are not it.
+    fsdp = tmp_path / "fsdp"
+    (fsdp / "iter_0000003").mkdir(parents=True)
+    (fsdp / "iter_0000003" / "meta.json").write_text("{}")  # no scheduler.pt: the trainer's check refuses it
+    (fsdp / "latest_checkpointed_iteration.txt").write_text("3")
+    cfg = parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--hf-checkpoint", str(model),
+                      "--train-backend", "fsdp", "--debug-rollout-only", "--load", str(fsdp)])  # fmt: skip
+    with caplog.at_level("WARNING", logger="slime_app.checkpoints"):
+        check_checkpoints(cfg)
+    assert caplog.messages == [
+        f"--load {fsdp}: --debug-rollout-only runs no trainer, so the weights of an fsdp checkpoint there are not "
+        f"loaded: the engines serve --hf-checkpoint {model}, from rollout 0; to roll out the checkpoint's weights, "
+        "export them (--save-hf, or slime-convert mcore-to-hf) and give that folder as --hf-checkpoint"
+    ]
+    with pytest.raises(ValueError, match="holds no optimizer state"):  # the same folder for a training run
+        check_checkpoints(cfg.model_copy(update={"debug_rollout_only": False}))

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from slime_app.goodput import GoodputMeter
+from slime_app.run_state import load_run_state, save_run_state
 from slime_core.config import SlimeArgs
 
 
@@ -72,3 +73,26 @@ def test_summary_and_json(tmp_path):
     assert len(text.splitlines()) <= 24  # one screen
     data = json.loads(open(meter.save(str(tmp_path / "goodput.json"))).read())
     assert data["goodput/cum/tokens_generated"] == 100.0 and data["time"]["train"] == 2.5
+
+
+def test_totals_kept_with_a_checkpoint_continue_and_a_missing_or_damaged_file_starts_at_zero(tmp_path, caplog):
+    meter = _meter(colocate=True)
+    meter.update(_rollout())
+    meter.add_eval(5.0)
+    save_run_state(tmp_path, 0, {"goodput": meter.state()})
+    resumed = _meter(colocate=True)
+    assert load_run_state(tmp_path, 0, {"goodput": resumed}) == ["goodput"]
+    out = resumed.update(_rollout())
+    assert out["goodput/cum/tokens_generated"] == 200.0 and out["goodput/cum/wall_time"] == pytest.approx(25.0)
+    assert resumed.num_rollouts == 2
+    # Megatron's `--load <save>/iter_0000000`: the state is read from the save folder beside it.
+    assert load_run_state(tmp_path / "iter_0000000", 0, {"goodput": _meter(colocate=True)}) == ["goodput"]
+    (tmp_path / "rollout" / "run_state_1.json").write_text("{not json")
+    save_run_state(tmp_path, 2, {"goodput": {"tokens": "none"}})
+    for rollout_id, said in ((1, "not read (JSONDecodeError"), (2, "its goodput part not read"), (3, "is missing")):
+        fresh = _meter(colocate=True)
+        with caplog.at_level("WARNING"):
+            assert load_run_state(tmp_path, rollout_id, {"goodput": fresh}) == []
+        assert said in caplog.records[-1].getMessage()
+        assert str(tmp_path / "rollout" / f"run_state_{rollout_id}.json") in caplog.records[-1].getMessage()
+        assert fresh.cumulative()["goodput/cum/tokens_generated"] == 0.0 and fresh.num_rollouts == 0

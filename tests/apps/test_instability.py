@@ -194,3 +194,34 @@ def test_loop_first_step_gate_waits_for_the_actors_first_step_after_critic_only_
 
 
 DIFF = "train/train_rollout_logprob_abs_diff"
+
+
+def test_a_resumed_run_keeps_the_baselines_and_the_evals_its_rules_compare_with():
+    """The rules go on from a checkpoint's `state()` (saved as JSON by `slime_app.run_state`) as without the stop.
+
+    A resumed run took its warm-up baseline from its own first rollouts: an entropy collapse under way at the resume
+    became the baseline (never reported), and a reward-vs-eval gap spanning the resume had no earlier eval.
+    """
+    import json
+
+    collapse = {"train/entropy_loss": 0.1}
+    rewards = {f"r{r}": {"rollout/raw_reward": 0.2 + 0.05 * max(r - 9, 0)} for r in range(20)}
+
+    def feed(monitor, rollouts):
+        found = []
+        for r in rollouts:
+            metrics = {**_healthy(r), **rewards[f"r{r}"], **(collapse if r >= 10 else {})}
+            found += monitor.observe(r, metrics)
+            if r == 9:
+                found += monitor.observe_eval(10, {"eval/gsm8k": 0.5})
+        return found + (monitor.observe_eval(20, {"eval/gsm8k": 0.4}) if 19 in rollouts else [])
+
+    straight = [(f.rule, f.rollout_id) for f in feed(InstabilityMonitor(_cfg()), range(20))]
+    assert straight == [("entropy_collapse", 10), ("reward_up_eval_down", 20)]
+    for stop in (9, 13):  # before the collapse, and during it (already reported)
+        first = InstabilityMonitor(_cfg())
+        before = feed(first, range(stop + 1))
+        resumed = InstabilityMonitor(_cfg())
+        resumed.restore(json.loads(json.dumps(first.state())))
+        after = feed(resumed, range(stop + 1, 20))
+        assert [(f.rule, f.rollout_id) for f in before + after] == straight, stop

@@ -3,6 +3,7 @@
 Ray and the actors are replaced by fakes that record the calls in order (no processes are started).
 """
 
+import json
 import time
 import types
 
@@ -11,6 +12,7 @@ from ray.exceptions import GetTimeoutError
 
 from slime_app import loop, rollout_schedule
 from slime_app.failures import SaveFailed
+from slime_app.run_state import run_state_path
 from slime_app.train_actor import TrainGroup
 from slime_core.config import SlimeArgs
 
@@ -93,6 +95,12 @@ class _Tracker:
         pass
 
     def eval_line(self, step, metrics):
+        pass
+
+    def state(self):
+        return {"curves": {}}
+
+    def restore(self, state):
         pass
 
 
@@ -207,10 +215,39 @@ def test_save_hf_exports_at_every_save_with_the_rollout_id_filled_in(monkeypatch
     )
     saves = [e for e in events if e[0].startswith("trainer.save")]
     assert saves == [
-        ("trainer.save", 1), ("trainer.save_hf", "/hf/iter_1"), ("trainer.save", 2), ("trainer.save_hf", "/hf/iter_2")
+        ("trainer.save_hf", "/hf/iter_1"), ("trainer.save", 1), ("trainer.save_hf", "/hf/iter_2"), ("trainer.save", 2)
     ]  # fmt: skip
     assert "perf/save_hf_time" in logged[1] and "perf/save_hf_time" not in logged[0]
     assert logged["outputs"] == {"hf_checkpoint": "/hf/iter_2", "checkpoints": "/ckpt"}
+
+
+class _Killed(BaseException):
+    """The run's process dying mid-call (SIGKILL): nothing after it runs."""
+
+
+def test_a_run_killed_during_an_hf_export_has_not_committed_that_rollouts_checkpoint(monkeypatch):
+    """The checkpoint's tracker (written by `trainer.save`) is the commit point of the export too.
+
+    The export was written after it: a kill during the export of rollout 1 left iteration 1 committed, the resumed
+    run started at rollout 2, and `--save-hf`'s rollout-1 folder (the final model, after the last rollout) was never
+    written. Now the resume starts at rollout 1 again and exports it.
+    """
+
+    class KilledInExport(_Trainer):
+        def __init__(self, events):
+            super().__init__(events)
+            KilledInExport.last_events = events
+
+        def save_hf(self, path):
+            super().save_hf(path)
+            if path == "/hf/iter_1":
+                raise _Killed
+
+    with pytest.raises(_Killed):
+        _run(monkeypatch, KilledInExport, save="/ckpt", save_interval=2, save_hf="/hf/iter_{rollout_id}",
+             eval_prompt_data=None)  # fmt: skip
+    events = KilledInExport.last_events
+    assert ("trainer.save_hf", "/hf/iter_1") in events and ("trainer.save", 1) not in events
 
 
 def test_save_hf_without_save_exports_after_the_last_rollout(monkeypatch):
@@ -564,3 +601,72 @@ def test_a_train_only_run_skips_its_evals_as_the_original(monkeypatch, caplog):
     assert [e for e in events if e[0] == "train"] == [("train", 0), ("train", 1), ("train", 2)]
     said = "--eval-interval with --debug-train-only (or --load-debug-rollout-data): no engines run, so no eval runs"
     assert said in caplog.text
+
+
+class _TokenRay(_FakeRay):
+    """Each rollout generates 10 tokens and trains 4 (`goodput/tokens_*`, as the rollout manager reports them)."""
+
+    def get(self, ref, timeout=None):
+        out = super().get(ref, timeout)
+        if ref[0] == "generate":
+            return out[0], {**out[1], "goodput/tokens_generated": 10.0, "goodput/tokens_trained": 4.0}
+        return out
+
+
+def _run_from(monkeypatch, cfg, start):
+    """`Run.run` from rollout `start` (what `build` returned) over the fakes; returns `{rollout: logged metrics}`."""
+    events = []
+    _patch_ray(monkeypatch, _TokenRay(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.manager, run.tracker = cfg, _Actor(events), _Tracker()
+    run.tracker.start = lambda *args: None
+    run.trainer, run.last_hf_export = _Trainer(events), None
+    run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    monkeypatch.setattr(run, "build", lambda: start, raising=False)
+    run.run()
+    return run.tracker.logged
+
+
+def test_cumulative_goodput_goes_on_across_a_resume(monkeypatch, tmp_path):
+    """`goodput/cum/*` of a resumed run count from the run's first rollout, as an uninterrupted run's do.
+
+    They restarted from zero at the resumed rollout (a drop in every cumulative curve, and an end-of-run report of
+    the resumed part only): the meter's totals were not kept with the checkpoint.
+    """
+    ckpt = tmp_path / "ckpt"
+    fields = {"rollout_batch_size": 1, "num_rollout": 4, "save": str(ckpt), "save_interval": 2}
+    straight = _run_from(monkeypatch, SlimeArgs.from_dict(fields), 0)
+    assert [straight[r]["goodput/cum/tokens_generated"] for r in range(4)] == [10.0, 20.0, 30.0, 40.0]
+    saved = json.loads(run_state_path(ckpt, 1).read_text())["goodput"]
+    assert saved["num_rollouts"] == 2 and saved["tokens"]["generated"] == 20.0 and saved["tokens"]["trained"] == 8.0
+    # Resumed from the checkpoint of rollout 1 (its tracker named it; `build` returns the next rollout).
+    resumed = _run_from(monkeypatch, SlimeArgs.from_dict({**fields, "load": str(ckpt)}), 2)
+    assert [resumed[r]["goodput/cum/tokens_generated"] for r in (2, 3)] == [30.0, 40.0]
+    assert resumed[3]["goodput/cum/trained_fraction"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(("start", "fields", "evals"), [
+    (2, {}, [("eval", 2), ("eval", 4)]),  # the eval after rollout 1 was due: run before rollout 2
+    (3, {}, [("eval", 4)]),  # none was due after rollout 2
+    (4, {}, [("eval", 4)]),  # after the last rollout: the final model's eval, and nothing to train
+    (2, {"start_rollout_id": 2}, [("eval", 4)]),  # not the weights of rollout 1
+])  # fmt: skip
+def test_a_resumed_run_evaluates_the_checkpoint_whose_eval_was_due(monkeypatch, tmp_path, start, fields, evals):
+    # The eval after a saved rollout runs after its save and weight sync: a run stopped in between committed the
+    # checkpoint, and the run resumed from it started at the next rollout, so that checkpoint never had its eval/*.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 4, "eval_prompt_data": ["demo", "/e.jsonl"],
+                               "eval_interval": 2, "save": str(tmp_path), "load": str(tmp_path), **fields})  # fmt: skip
+    logged = _run_from(monkeypatch, cfg, start)
+    assert sorted(step for step, metrics in logged.items() if "eval/demo" in metrics) == [e[1] for e in evals]
+
+
+def test_the_run_state_of_a_checkpoint_holds_no_eval_after_it(monkeypatch, tmp_path):
+    # The resume runs that eval again (above): kept in the state as well, the curve and the reward-vs-eval rule had
+    # it twice.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 4, "eval_prompt_data": ["demo", "/e.jsonl"],
+                               "eval_interval": 2, "save": str(tmp_path), "save_interval": 2})  # fmt: skip
+    logged = _run_from(monkeypatch, cfg, 0)
+    assert sorted(step for step, metrics in logged.items() if "eval/demo" in metrics) == [0, 2, 4]
+    state = json.loads(run_state_path(tmp_path, 1).read_text())
+    assert state["instability"]["last_eval"] == {"eval/demo": [0, 0.25]}  # the eval before training, not the one at 2

@@ -202,6 +202,14 @@ def test_a_save_folder_holding_checkpoints_this_run_does_not_resume_is_warned_ab
     assert reused_save_warning(_cfg(tmp_path, save=str(save), load=str(save))) is None  # a resume
     other = str(tmp_path / "other")
     assert f"--load is {other}" in reused_save_warning(_cfg(tmp_path, save=str(save), load=other))
+    assert "this run starts at rollout 0 and" in reused_save_warning(_cfg(tmp_path, save=str(save), load=other))
+    # Megatron's --load of one iteration folder of this --save resumes it: no warning (it said "starts at rollout 0").
+    assert reused_save_warning(_cfg(tmp_path, save=str(save), load=str(save / "iter_0000003"))) is None
+    # Another run's checkpoint as --load: the run goes on from it, not from rollout 0.
+    (tmp_path / "other" / "iter_0000007").mkdir(parents=True)
+    (tmp_path / "other" / "latest_checkpointed_iteration.txt").write_text("7")
+    said = reused_save_warning(_cfg(tmp_path, save=str(save), load=other))
+    assert "this run goes on from the checkpoint in --load and replaces them" in said
 
 
 def test_iteration_names_in_save_that_slime_did_not_write_are_named_at_start(tmp_path):

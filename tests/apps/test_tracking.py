@@ -174,3 +174,22 @@ def test_a_wandb_finish_that_never_returns_does_not_hold_the_run(monkeypatch, tm
     finally:
         release.set()
     assert tracking.finish_wandb(types.SimpleNamespace(finish=lambda: None), 5.0) is True
+
+
+def test_the_curve_of_a_resumed_run_starts_at_the_first_rollout(tmp_path):
+    # A resumed run drew only the rollouts since its start, over the PNG of the same --output-dir: the curve of
+    # rollouts 0-1 was gone. The points kept with the checkpoint (`Tracker.state`, `slime_app.run_state`) come first.
+    import json
+
+    first = Tracker(_args("--no-use-tensorboard"), str(tmp_path))
+    for step, reward in ((0, 0.1), (1, 0.2)):
+        first.log(step, {"rollout/raw_reward": reward, "train/loss": 1.0})
+    first.log(2, {"eval/gsm8k": 0.5, "eval/gsm8k-truncated_ratio": 0.0})
+    saved = json.loads(json.dumps(first.state()))
+    assert saved == {"curves": {"rollout/raw_reward": [[0, 0.1], [1, 0.2]], "eval/gsm8k": [[2, 0.5]]}}
+    resumed = Tracker(_args("--no-use-tensorboard"), str(tmp_path))
+    resumed.log(2, {"rollout/raw_reward": 0.3})
+    resumed.restore(saved)
+    assert resumed.history["rollout/raw_reward"] == [(0, 0.1), (1, 0.2), (2, 0.3)]
+    assert resumed.eval_series() == {"eval/gsm8k": [(2, 0.5)]}
+    assert resumed.save_curve(str(tmp_path / "curve.png")) == str(tmp_path / "curve.png")

@@ -172,3 +172,23 @@ def test_a_save_mid_way_through_a_kept_epoch_keeps_its_order(tmp_path):
     second = RolloutDataSource(_args(**{**flags, "rollout_seed": 9}, load=ckpt))
     second.load(1)
     assert [g[0].prompt for g in second.get_samples(4)] == uninterrupted[6:]
+
+
+def test_a_load_naming_an_iteration_folder_reads_the_cursor_of_its_save_folder(tmp_path, caplog):
+    # Megatron resumes `--load <save>/iter_0000004` (as the original); the cursor saved with it is
+    # `<save>/rollout/data_source_4.json`, beside the iteration folder. Read under that folder it was not found: the
+    # run went on at rollout 5 with the prompts of rollout 0 (one warning).
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(7)]
+    path = _write_jsonl(tmp_path / "d.jsonl", rows)
+    save = tmp_path / "ckpt"
+    args = _args(prompt_data=path, rollout_shuffle=True, save=str(save), n_samples_per_prompt=1)
+    ds = RolloutDataSourceWithBuffer(args)
+    ds.get_samples(5)
+    ds.save(4)
+    expected = [g[0].prompt for g in ds.get_samples(4)]
+    (save / "iter_0000004").mkdir()
+    resumed = RolloutDataSourceWithBuffer(args.model_copy(update={"load": str(save / "iter_0000004")}))
+    with caplog.at_level("WARNING"):
+        resumed.load(4)
+    assert [g[0].prompt for g in resumed.get_samples(4)] == expected
+    assert "no data-source cursor" not in caplog.text

@@ -24,7 +24,7 @@ import ray
 
 from slime_app.cluster import Placement
 from slime_app.train_actor import TrainGroup, pin_load_step
-from slime_core.checkpoint_dirs import complete_iterations, critic_dir, iteration_name
+from slime_core.checkpoint_dirs import complete_iterations, critic_dir, iteration_name, iteration_of, save_root
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def _own_critic(cfg: SlimeArgs, critic_save: str | None) -> bool:
         return True  # <--load>/critic
     if not cfg.load:
         return False
-    own = [critic_dir(cfg.load), critic_save]
+    own = [critic_dir(str(save_root(cfg.load))), critic_save]
     return any(path and os.path.realpath(path) == os.path.realpath(cfg.critic_load) for path in own)
 
 
@@ -68,7 +68,8 @@ def critic_resume_step(cfg: SlimeArgs) -> int | None:
 
     Returns:
         The actor's iteration when the critic's checkpoint directory (`slime_core.critic.critic_config`'s `load`)
-        is this run's (`<--load>/critic`, or `--critic-load` naming it or `--critic-save`) and holds complete
+        is this run's (`<--load>/critic`, or `--critic-load` naming it or `--critic-save`; a `--load` naming one
+        iteration folder, as Megatron takes it, pairs that iteration of `<save>/critic`) and holds complete
         iterations; None when there is nothing to pair (no actor checkpoint, no critic checkpoint: the critic starts
         from its weights as before), or for another run's `--critic-load`.
 
@@ -79,6 +80,8 @@ def critic_resume_step(cfg: SlimeArgs) -> int | None:
     from slime_core.critic import critic_config  # torch: not at the driver's import
 
     step = cfg.ckpt_step
+    if cfg.load and step is None and save_root(cfg.load) != pathlib.Path(cfg.load):
+        step = iteration_of(pathlib.Path(cfg.load).name)  # Megatron's `--load <save>/iter_XXXXXXX`: that one
     if not cfg.load or step is None:
         return None
     critic = critic_config(cfg)
@@ -90,7 +93,7 @@ def critic_resume_step(cfg: SlimeArgs) -> int | None:
     if step in critic_steps:
         return step
     load = pathlib.Path(cfg.load)
-    both = sorted(set(critic_steps) & set(complete_iterations(load)))
+    both = sorted(set(critic_steps) & set(complete_iterations(save_root(load))))
     hint = f"resume both from one with --ckpt-step {both[-1]}" if both else "no iteration is in both"
     raise ValueError(
         f"--load {load}: the actor resumes from {iteration_name(step)}, which the critic's checkpoints in "

@@ -159,6 +159,24 @@ def _tracker_problem(root: pathlib.Path) -> str | None:
     return f"{TRACKER_FILE} {said} (a partial copy, or a crash before the last save reached the disk)"
 
 
+def _warn_unread_load(cfg: SlimeArgs) -> None:
+    """`--debug-rollout-only` with a checkpoint as `--load`: no trainer runs, so nothing of it is read; said once.
+
+    As the original (its actor returns rollout 0 without loading), the engines serve `--hf-checkpoint` and the data
+    starts from its first prompt; a run meant to roll out the checkpoint's model rolled out the initial one without a
+    word. Its trainer checks (the learning-rate schedule) refused it instead, though no optimizer runs.
+    """
+    kind = checkpoint_kind(cfg.load)
+    if kind in ("missing", "empty"):
+        return
+    logger.warning(
+        "--load %s: --debug-rollout-only runs no trainer, so the weights of %s there are not loaded: the engines "
+        "serve --hf-checkpoint %s, from rollout %d; to roll out the checkpoint's weights, export them (--save-hf, or "
+        "slime-convert mcore-to-hf) and give that folder as --hf-checkpoint",
+        cfg.load, _a(kind), cfg.hf_checkpoint, cfg.start_rollout_id or 0,
+    )  # fmt: skip
+
+
 def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
     root = pathlib.Path(cfg.load)
     _restore_cut_saves(cfg, notes)
@@ -182,6 +200,8 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
             )
         notes.append(f"--load {cfg.load}: no checkpoint yet, the run starts at rollout 0")
         return
+    if kind == "hf" and _check_hf_load(cfg, notes):
+        return
     wanted = train_backend_spec(cfg).checkpoint_format
     if wanted not in _RECOGNIZED:  # another package's format: its backend checks the directory when it loads it
         notes.append(
@@ -203,6 +223,50 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
     if kind == "fsdp" and not cfg.no_load_optim:
         _check_fsdp_schedule(cfg, root)
     notes.append(f"--load {cfg.load}: {kind} checkpoint, the run resumes from it")
+
+
+def _initial_weights(cfg: SlimeArgs) -> tuple[str, str]:
+    """`(flag, directory)` the trainer's weights come from before any `--load`.
+
+    A torch_dist `--ref-load` under a backend that reads it (Megatron), else `trainer_weights_dir` (`--hf-checkpoint`,
+    or the BF16 `--ref-load` of an FP8 one).
+    """
+    from slime_core.fp8 import trainer_weights_dir
+
+    if cfg.ref_load and train_backend_spec(cfg).reads_torch_dist and checkpoint_kind(cfg.ref_load) == "torch_dist":
+        return "--ref-load", cfg.ref_load
+    weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
+    return ("--hf-checkpoint" if weights == str(cfg.hf_checkpoint) else "--ref-load"), weights
+
+
+def _check_hf_load(cfg: SlimeArgs, notes: list[str]) -> bool:
+    """An HF directory as `--load`: the original's "start from these weights at rollout 0" (no optimizer, no RNG).
+
+    Its scripts give the model folder as both flags (`examples/geo3k_vlm/run_geo3k_qwen35.sh`: `--hf-checkpoint M
+    --load M`). When it is the folder the trainer starts from anyway (`_initial_weights`), the run is the one the
+    original makes; it was refused as "an hf checkpoint ... give it as --hf-checkpoint", which it already was.
+
+    Returns:
+        True when accepted (a note says so); False without `--hf-checkpoint` (left to the refusal below).
+
+    Raises:
+        ValueError: another HF folder than the trainer's initial weights (the original's Megatron actor would start
+            from it; here the trainer starts from `_initial_weights`): names both flags and folders.
+    """
+    if not cfg.hf_checkpoint:
+        return False
+    flag, weights = _initial_weights(cfg)
+    if os.path.realpath(cfg.load) != os.path.realpath(weights):
+        raise ValueError(
+            f"--load {cfg.load}: an HF checkpoint other than the weights the trainer starts from ({flag} {weights}); "
+            "the trainer starts from those and resumes only its own checkpoints from --load: give this folder as "
+            f"{flag}, or leave out --load"
+        )
+    notes.append(
+        f"--load {cfg.load}: HF weights, the ones the trainer starts from ({flag}): the run starts from them at "
+        "rollout 0 with a fresh optimizer, as the original's --load of an HF directory"
+    )
+    return True
 
 
 def _check_fsdp_model_flags(cfg: SlimeArgs, root: pathlib.Path) -> None:
@@ -307,7 +371,9 @@ def check_checkpoints(cfg: SlimeArgs) -> list[str]:
             naming both flags).
     """
     notes: list[str] = []
-    if cfg.load:
+    if cfg.load and cfg.debug_rollout_only:
+        _warn_unread_load(cfg)
+    elif cfg.load:
         _check_load(cfg, notes)
     if cfg.ref_load:
         _check_ref_load(cfg, notes)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from slime_core.config import SlimeArgs
 
@@ -182,6 +183,25 @@ class GoodputMeter:
         )
         lines.append(f"  trained tokens per device-hour: {cum['goodput/cum/trained_tokens_per_device_hour']:,.0f}")
         return "\n".join(lines)
+
+    def state(self) -> dict[str, Any]:
+        """The totals a checkpoint keeps (`slime_app.run_state`), so that a resumed run's `goodput/cum/*` go on."""
+        return {"num_rollouts": self.num_rollouts, "tokens": dict(self.tokens), "time": dict(self.time),
+                "generation_time": self.generation_time, "reward_time": self.reward_time}  # fmt: skip
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continues from `state()` of a checkpoint (buckets or phases it lacks stay at zero).
+
+        Raises:
+            KeyError, TypeError, ValueError: `state` is not what `state()` returns.
+        """
+        tokens, seconds = dict(state["tokens"]), dict(state["time"])
+        num_rollouts, generation, reward = (
+            int(state["num_rollouts"]), float(state["generation_time"]), float(state["reward_time"])
+        )  # fmt: skip
+        totals = {k: float(tokens.get(k, 0.0)) for k in self.tokens}, {k: float(seconds.get(k, 0.0)) for k in self.time}
+        self.tokens, self.time = totals
+        self.num_rollouts, self.generation_time, self.reward_time = num_rollouts, generation, reward
 
     def save(self, path: str) -> str:
         """Writes the cumulative metrics and the phase seconds as JSON; returns `path`."""

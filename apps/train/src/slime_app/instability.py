@@ -29,6 +29,7 @@ import logging
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from slime_core.config import SlimeArgs
 
@@ -131,6 +132,41 @@ class InstabilityMonitor:
                     "[--instability-reward-eval-gap]",
                 ))  # fmt: skip
         return self._report(rollout_id, hits, scope="eval")
+
+    # ---- resume ---------------------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What the rules read of the past, for a checkpoint (`slime_app.run_state`): baselines, windows, evals.
+
+        The entropy warm-up values, the last `--instability-window` values of each spike metric, the train rewards
+        from the last ones before the oldest remembered eval, the last eval scores and the rules firing. Without it a
+        resumed run took its warm-up baseline from its own first rollouts: an entropy collapse under way at the
+        resume became the baseline, and every rule waited out a new warm-up.
+        """
+        warmup, window = self.cfg.instability_warmup, self.cfg.instability_window
+        kept = {"train/entropy_loss": self.history.get("train/entropy_loss", [])[:warmup]}
+        kept |= {key: self.history.get(key, [])[-window:] for key in _SPIKE_FLOORS}
+        rewards = self.history.get("rollout/raw_reward", [])
+        oldest_eval = min((r for r, _ in self._last_eval.values()), default=None)
+        before = sum(1 for r, _ in rewards if oldest_eval is None or r < oldest_eval)
+        kept["rollout/raw_reward"] = rewards[max(before - _REWARD_SPAN, 0) :]
+        return {
+            "history": {key: [list(entry) for entry in entries] for key, entries in kept.items() if entries},
+            "last_eval": {key: list(entry) for key, entry in self._last_eval.items()},
+            "active": sorted(self.active),
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continues from `state()` of a checkpoint.
+
+        Raises:
+            KeyError, TypeError, ValueError: `state` is not what `state()` returns.
+        """
+        history = {key: [(int(r), float(v)) for r, v in entries] for key, entries in dict(state["history"]).items()}
+        last_eval = {key: (int(r), float(v)) for key, (r, v) in dict(state["last_eval"]).items()}
+        active = {str(key) for key in state["active"]}
+        self.history = defaultdict(list, history)
+        self._last_eval, self.active = last_eval, active
 
     # ---- reporting ------------------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
 from slime_app.rollout_schedule import Rollouts
+from slime_app.run_state import load_run_state, save_run_state
 from slime_app.save_schedule import hf_export_path, should_run
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
@@ -221,6 +222,8 @@ class Run:
                 "nothing to train: the run starts at rollout %d (%s) and --num-rollout is %d; raise --num-rollout to "
                 "train on", start, origin, cfg.num_rollout,
             )  # fmt: skip
+        if start > 0 and cfg.load and start < cfg.num_rollout:
+            load_run_state(cfg.load, start - 1, self._state_keepers)  # goodput/cum/*, instability baselines go on
         self.tracker.start(start, cfg.num_rollout)
         # Only with --eval-interval, as the original's train.py: its scripts turn eval off by leaving that flag out
         # (run-qwen3-235B-A22B.sh keeps --eval-prompt-data with `#--eval-interval 20`).
@@ -231,6 +234,8 @@ class Run:
             self.evaluate(0)
         elif cfg.eval_interval is not None and start == 0 and not cfg.skip_eval_before_train:
             self.evaluate(0)
+        elif self._eval_due_at_resume(start):
+            self.evaluate(start)
         self.rollouts = Rollouts(
             self.manager,
             cfg.num_rollout,
@@ -242,8 +247,28 @@ class Run:
         for rollout_id in range(start, cfg.num_rollout):
             self.step(rollout_id)
 
+    @property
+    def _state_keepers(self) -> dict[str, Any]:
+        """The driver's parts of a checkpoint (`slime_app.run_state`): objects with `state()` and `restore(state)`."""
+        return {"goodput": self.goodput, "instability": self.instability, "tracker": self.tracker}
+
+    def _eval_due_at_resume(self, start: int) -> bool:
+        """Whether a run resumed from `--load` at `start` evaluates the loaded weights before its first step.
+
+        When the eval after rollout `start - 1` was due (`--eval-interval`, an epoch's end, the last rollout): it runs
+        after that rollout's save, so a run stopped in between (its weight sync or the eval itself) committed the
+        checkpoint without it, and the resumed run went on to the next one: no `eval/*` point for the checkpoint
+        (the original's train.py too). Run again where the stopped run had logged it, it repeats the same point (the
+        same weights, the same sampling seeds; the run state saved with the checkpoint holds none of it). Not with
+        `--start-rollout-id`, whose weights are not that rollout's.
+        """
+        cfg = self.cfg
+        if not (cfg.load and 0 < start <= cfg.num_rollout and cfg.start_rollout_id is None):
+            return False
+        return should_run(cfg.eval_interval, start - 1, cfg.num_rollout, self.per_epoch)
+
     def step(self, rollout_id: int) -> None:
-        """One rollout, top to bottom: samples → train → save → weight sync → log → eval."""
+        """One rollout, top to bottom: samples → train → save → weight sync → log (→ run state) → eval."""
         cfg = self.cfg
         t0 = time.perf_counter()
         with self._phase("rollout", rollout_id):
@@ -255,14 +280,16 @@ class Run:
             with self._phase(phase[0], rollout_id, phase[1]):
                 metrics.update(self.train(rollout_id, batch_refs))
             # As the original's save_model: the HF export goes with every save (each --save-interval, each
-            # epoch's end, the last rollout), and the last rollout also exports without --save.
+            # epoch's end, the last rollout), and the last rollout also exports without --save. The export comes
+            # first: the checkpoint's tracker commits both, so a run killed during the export resumes before this
+            # rollout and exports it again (after the tracker, the resumed run started past it: never exported).
             if self._saves_after(rollout_id) or rollout_id == cfg.num_rollout - 1:
-                if cfg.save:
-                    with self._phase("save", rollout_id):
-                        metrics["perf/save_time"] = self.save(rollout_id)
                 if cfg.save_hf:
                     with self._phase("save", rollout_id, "--save-hf"):
                         metrics["perf/save_hf_time"] = self.save_hf(rollout_id)
+                if cfg.save:
+                    with self._phase("save", rollout_id):
+                        metrics["perf/save_time"] = self.save(rollout_id)
             if self.rollouts.weights_due(rollout_id):
                 self.rollouts.settle()  # async: the engines never change weights mid-generation
                 metrics.update(self.sync_weights(rollout_id + 1))
@@ -272,6 +299,11 @@ class Run:
         metrics.update(InstabilityMonitor.metrics_of(findings))
         self.tracker.log(rollout_id, metrics)
         self.tracker.rollout_done(rollout_id, metrics)
+        if not cfg.debug_rollout_only and self._saves_after(rollout_id):
+            # Its checkpoint is committed and the rollout accounted. The eval after it is not in this state: a resume
+            # runs it again (`_eval_due_at_resume`), so its point is in the curve and the rules once.
+            with self._save_errors(rollout_id, "run-state save"):
+                save_run_state(cfg.save, rollout_id, {k: v.state() for k, v in self._state_keepers.items()})
         # The actor's first step: after the critic-only warm-up (the weights are still the synced ones then).
         first_actor_step = max(self.start_rollout_id, cfg.num_critic_only_steps if cfg.use_critic else 0)
         if rollout_id == first_actor_step and not cfg.debug_rollout_only:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from slime_app.tracking import tensorboard_log_dir
 from slime_core import dir_swap
-from slime_core.checkpoint_dirs import complete_iterations, iteration_of, tracker_step
+from slime_core.checkpoint_dirs import complete_iterations, iteration_of, save_root, tracker_step
 from slime_core.config import SlimeArgs
 from slime_core.config.base import flag_to_field
 
@@ -118,16 +118,23 @@ def reused_save_warning(cfg: SlimeArgs) -> str | None:
     Returns:
         The warning, or None when `--save` holds no complete checkpoint or is `--load`.
     """
-    if not cfg.save or (cfg.load and os.path.realpath(cfg.load) == os.path.realpath(cfg.save)):
+    # `--load <save>/iter_XXXXXXX` (Megatron) resumes this folder's checkpoint too.
+    if not cfg.save or (cfg.load and os.path.realpath(save_root(cfg.load)) == os.path.realpath(cfg.save)):
         return None
     steps = complete_iterations(cfg.save)
     if not steps:
         return None
     latest = tracker_step(cfg.save)
     named = f"; its tracker names {latest}" if latest is not None else ""
+    if cfg.start_rollout_id is not None or not cfg.load:
+        start = f"starts at rollout {cfg.start_rollout_id or 0}"
+    elif tracker_step(cfg.load) is not None or save_root(cfg.load) != pathlib.Path(cfg.load):
+        start = "goes on from the checkpoint in --load"  # not rollout 0, as this said
+    else:
+        start = "starts at rollout 0"
     return (
         f"--save {cfg.save} holds checkpoints this run does not resume (iterations {steps[0]}-{steps[-1]}{named}; "
-        f"--load is {cfg.load or 'not given'}): this run starts at rollout {cfg.start_rollout_id or 0} and replaces "
+        f"--load is {cfg.load or 'not given'}): this run {start} and replaces "
         "them as it saves, and until its first save a --load of this folder resumes the earlier run's; give a new "
         "--save to keep them apart"
     )

@@ -11,6 +11,7 @@ import os
 import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 from rich.markup import escape
@@ -207,6 +208,26 @@ class Tracker:
             for k, v in self.history.items()
             if k.startswith(key_prefix) and k.count("/") == 1 and not k.endswith("-truncated_ratio")
         }
+
+    def state(self) -> dict[str, Any]:
+        """The series the curve PNG draws (`rollout/raw_reward`, `eval_series`), for a checkpoint.
+
+        Kept by `slime_app.run_state`: a resumed run drew (over the earlier PNG, in the same `--output-dir`) only the
+        rollouts since its start.
+        """
+        keys = ["rollout/raw_reward", *self.eval_series()]
+        return {"curves": {key: [list(point) for point in self.history[key]] for key in keys if self.history.get(key)}}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Puts the saved curve points before this run's (`state()`).
+
+        Raises:
+            KeyError, TypeError, ValueError: `state` is not what `state()` returns.
+        """
+        curves = {key: [(int(step), float(value)) for step, value in points]
+                  for key, points in dict(state["curves"]).items()}  # fmt: skip
+        for key, points in curves.items():
+            self.history[key] = points + self.history.get(key, [])
 
     def save_curve(self, path: str) -> str:
         """Writes a PNG of the rollout reward and eval accuracy over rollouts; returns its path."""

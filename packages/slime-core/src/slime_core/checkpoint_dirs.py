@@ -40,6 +40,7 @@ __all__ = [
     "no_optimizer_state_message",
     "no_reference_message",
     "restore_interrupted_saves",
+    "save_root",
     "saved_reference",
     "tracker_step",
 ]
@@ -75,10 +76,11 @@ def critic_dirs(cfg: SlimeArgs) -> tuple[str | None, str | None]:
     """The critic's checkpoint folders (PPO): `(load, save)`.
 
     Returns:
-        `--critic-load` (else `<--load>/critic`) and `--critic-save` (else `<--save>/critic`); None where neither is
-        given.
+        `--critic-load` (else `<--load>/critic`, with `<--load>` the save folder holding an iteration folder given as
+        `--load`: `save_root`) and `--critic-save` (else `<--save>/critic`); None where neither is given.
     """
-    return cfg.critic_load or critic_dir(cfg.load), cfg.critic_save or critic_dir(cfg.save)
+    load = str(save_root(cfg.load)) if cfg.load else None
+    return cfg.critic_load or critic_dir(load), cfg.critic_save or critic_dir(cfg.save)
 
 
 def iteration_name(step: int) -> str:
@@ -95,6 +97,21 @@ def iteration_of(name: str) -> int | None:
     """
     match = _ITERATION_OR_COPY.fullmatch(name)
     return int(match.group(1)) if match else None
+
+
+def save_root(load: str | os.PathLike[str]) -> pathlib.Path:
+    """The `--save` folder a `--load` resumes: `load`, or the folder holding it when it names one iteration folder.
+
+    Megatron loads an iteration folder given directly (`--load <save>/iter_0000004`, as the original and Megatron-LM
+    do); the driver's parts of that checkpoint (the data cursor in `rollout/`, the fully-async held groups, the run
+    state) live beside it, in the save folder. Read under the iteration folder they were not found, and the resumed
+    run served the prompts from the first one again (a warning said so).
+
+    Returns:
+        `load`'s parent for an `iter_XXXXXXX` name, else `load`.
+    """
+    path = pathlib.Path(load)
+    return path.parent if _ITERATION.fullmatch(path.name) else path
 
 
 def saved_reference(iteration_dir: str | os.PathLike[str]) -> pathlib.Path | None:

@@ -15,6 +15,7 @@ import pathlib
 from collections.abc import Iterable
 from typing import Any
 
+from slime_core.checkpoint_dirs import save_root
 from slime_core.dir_swap import write_text_atomic
 from slime_core.sample import Sample
 from slime_core.sample_json import dumps_with_samples
@@ -56,6 +57,7 @@ def read_cursor(root: str | os.PathLike[str], rollout_id: int) -> tuple[pathlib.
     Raises:
         ValueError: the file exists but is not JSON (names the file), or the original's is not a cursor.
     """
+    root = save_root(root)  # `--load <save>/iter_XXXXXXX` (Megatron): the cursor is in the save folder
     path = cursor_path(root, rollout_id)
     if not path.exists():
         return load_original(root, rollout_id)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from slime_core.checkpoint_dirs import save_root
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
 from slime_rollout.data.buffer_filter import take_from_buffer
@@ -439,7 +440,7 @@ class RolloutDataSource:
         found = read_cursor(root, rollout_id)
         if found is None:
             logger.warning(
-                "no data-source cursor at %s; starting from the beginning", self.state_path(root, rollout_id)
+                "no data-source cursor at %s; starting from the beginning", self.state_path(save_root(root), rollout_id)
             )
             return
         path, state = found
@@ -500,5 +501,5 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
         """`RolloutDataSource.load`; buffered groups of another `--n-samples-per-prompt` are dropped, counted."""
         super().load(rollout_id)
         if self.buffer and self.args.load and rollout_id is not None:
-            where = self.state_path(self.args.load, rollout_id)
+            where = self.state_path(save_root(self.args.load), rollout_id)
             self.buffer = keep_groups_of_size(self.buffer, self.n_samples_per_prompt, where)

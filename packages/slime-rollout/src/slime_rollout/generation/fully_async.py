@@ -36,6 +36,7 @@ import pathlib
 import time
 from typing import TYPE_CHECKING
 
+from slime_core.checkpoint_dirs import save_root
 from slime_core.dir_swap import write_text_atomic
 from slime_core.protocols import DataSource
 from slime_core.sample import Sample
@@ -193,7 +194,7 @@ def _read_held(args: SlimeArgs, rollout_id: int) -> tuple[pathlib.Path | None, l
     """
     if not args.load:
         return None, []
-    path = state_path(args.load, rollout_id)
+    path = state_path(save_root(args.load), rollout_id)  # `--load <save>/iter_XXXXXXX`: beside it
     if not path.exists():
         return None, []
     try:
@@ -220,7 +221,7 @@ def load_state(args: SlimeArgs, rollout_id: int) -> int:
     if path is None:
         if args.load:
             logger.info("fully-async rollout: no held groups at %s (a checkpoint of another rollout function)",
-                        state_path(args.load, rollout_id))  # fmt: skip
+                        state_path(save_root(args.load), rollout_id))  # fmt: skip
         return 0
     logger.info("fully-async rollout: %d held group(s) from %s are generated first", len(_restored), path)
     return len(_restored)
