@@ -43,3 +43,16 @@ def test_compiled_frames_names_the_guard_a_recompile_failed_on():
     lines = compiled_frames(mark)
     assert len(lines) == 1 and lines[0].startswith("_scaled_tanh ("), lines
     assert "recompiled: " in lines[0] and "size" in lines[0], lines
+
+
+def _normed(x, eps):
+    return torch.nn.functional.rms_norm(x, (3,), eps=eps)
+
+
+def test_compiled_frames_names_a_restarted_analysis():
+    torch._dynamo.reset()
+    mark = now_us()
+    with torch._dynamo.config.patch(specialize_float=False):  # torch's default: a float input restarts the analysis
+        torch.compile(_normed, dynamic=True, backend="aot_eager")(torch.ones(2, 3), 1e-6)
+    lines = compiled_frames(mark)
+    assert len(lines) == 1 and "restarted after " in lines[0] and "(TensorifyScalarRestartAnalysis)" in lines[0], lines

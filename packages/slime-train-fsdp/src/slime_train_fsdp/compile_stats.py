@@ -52,11 +52,11 @@ def compiled_frames(since_us: int) -> list[str]:
     """One line per frame dynamo compiled since `since_us` (`now_us()`), for a log.
 
     Each: `function (file:line) S s (dynamo a, AOT b, inductor c, triton d s), AOT h hit / m miss, FX h hit / m
-    miss[, recompiled: reason]`, the parenthesis giving torch's cumulative timers of the compile (nested: the AOT
-    time includes inductor's) where it kept them; the backward
-    graph of a frame is compiled on its first backward and listed as its own entry (`backward of ...`). The reason
-    is dynamo's failed guard (first 200 characters) when the frame had been compiled before: what differs from the
-    graph already made (a shape, a dtype, a Python value).
+    miss[, recompiled: reason][, restarted after t s (why)]`: the parenthesis gives torch's cumulative timers of
+    the compile (nested: the AOT time includes inductor's) where it kept them; "restarted" means dynamo threw a
+    first attempt away. The backward graph of a frame is compiled on its first backward and listed as its own
+    entry (`backward of ...`). The reason is dynamo's failed guard (first 200 characters) when the frame had been
+    compiled before: what differs from the graph already made (a shape, a dtype, a Python value).
     """
     from torch._dynamo.utils import get_compilation_metrics
 
@@ -68,6 +68,7 @@ def compiled_frames(since_us: int) -> list[str]:
         name = m.co_name or "?"
         seconds = (m.duration_us or 0) / 1e6
         reason = getattr(m, "recompile_reason", None)  # absent in torch before 2.7
+        restarts = ", ".join(sorted(r.split(".")[-1].rstrip("'>") for r in (m.restart_reasons or ())))
         parts = [f"{label} {us / 1e6:.1f}" for label, us in (
             ("dynamo", m.dynamo_cumulative_compile_time_us), ("AOT", m.aot_autograd_cumulative_compile_time_us),
             ("inductor", m.inductor_cumulative_compile_time_us), ("triton", getattr(m, "triton_compile_time_us", None)),
@@ -78,5 +79,6 @@ def compiled_frames(since_us: int) -> list[str]:
             f"AOT {m.aotautograd_local_cache_hit_count or 0} hit / {m.aotautograd_local_cache_miss_count or 0} miss, "
             f"FX {m.inductor_fx_local_cache_hit_count or 0} hit / {m.inductor_fx_local_cache_miss_count or 0} miss"
             + (f", recompiled: {' '.join(str(reason).split())[:200]}" if reason else "")
+            + (f", restarted after {m.dynamo_time_before_restart_s or 0:.1f} s ({restarts})" if restarts else "")
         )
     return lines

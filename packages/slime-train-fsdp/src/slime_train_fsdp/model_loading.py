@@ -56,6 +56,7 @@ __all__ = [
     "load_hf_weights_into",
     "loaded_message",
     "read_hf_state_dict",
+    "specialize_float_inputs",
     "start_compile_workers",
 ]
 
@@ -225,6 +226,8 @@ def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torc
     compile_layers = compiles_layers(cfg, device)
     _log_lora_eager(cfg, device)
     vision_blocks = {id(m) for n, m in model.named_modules() if is_vision_tower_param(n + ".")}
+    if compile_layers:
+        specialize_float_inputs()
     for module in model.modules():
         if isinstance(module, layer_types):
             # Vision blocks are not compiled: their attention splits the patch sequence at data-dependent windows.
@@ -236,6 +239,20 @@ def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torc
     fully_shard(model, **kwargs)
     if compile_layers and device.type == "cuda":
         start_compile_workers()
+
+
+def specialize_float_inputs() -> None:
+    """Makes dynamo treat Python float inputs of compiled code as constants (process-wide).
+
+    Under `dynamic=True` dynamo first traces a float argument of the decoder layer as a symbolic value; its
+    tensorify pass then cannot keep it symbolic and restarts the whole frame's analysis with it constant
+    (`TensorifyScalarRestartAnalysis`), after the first attempt went through AOT autograd: in every fresh process
+    the layer was traced and lowered twice. CPU, tiny Qwen3: 7.8 of the 9.8 s the first compiled step spent
+    compiling, with its graphs all in inductor's cache. Constant is what the restart ends in, so the graphs are
+    the same; the compile warm-up and the trainer both set it (the flag is part of the cache key). The floats
+    (the attention scale, a norm's epsilon, the head's temperature) are fixed for a run.
+    """
+    torch._dynamo.config.specialize_float = True
 
 
 def start_compile_workers() -> None:
