@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PretrainedConfig
 
+from slime_core.compile_setup import prepare_layer_compile
 from slime_core.config import SlimeArgs
 from slime_core.config.base import warn_once
 from slime_core.hf_names import is_vision_tower_param, to_module_name
@@ -56,8 +57,6 @@ __all__ = [
     "load_hf_weights_into",
     "loaded_message",
     "read_hf_state_dict",
-    "specialize_float_inputs",
-    "start_compile_workers",
 ]
 
 
@@ -227,7 +226,7 @@ def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torc
     _log_lora_eager(cfg, device)
     vision_blocks = {id(m) for n, m in model.named_modules() if is_vision_tower_param(n + ".")}
     if compile_layers:
-        specialize_float_inputs()
+        prepare_layer_compile(device)
     for module in model.modules():
         if isinstance(module, layer_types):
             # Vision blocks are not compiled: their attention splits the patch sequence at data-dependent windows.
@@ -237,40 +236,6 @@ def _apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: SlimeArgs, device: torc
                 module.compile(dynamic=True)
             fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
-    if compile_layers and device.type == "cuda":
-        start_compile_workers()
-
-
-def specialize_float_inputs() -> None:
-    """Makes dynamo treat Python float inputs of compiled code as constants (process-wide).
-
-    Under `dynamic=True` dynamo first traces a float argument of the decoder layer as a symbolic value; its
-    tensorify pass then cannot keep it symbolic and restarts the whole frame's analysis with it constant
-    (`TensorifyScalarRestartAnalysis`), after the first attempt went through AOT autograd: in every fresh process
-    the layer was traced and lowered twice. CPU, tiny Qwen3: 7.8 of the 9.8 s the first compiled step spent
-    compiling, with its graphs all in inductor's cache. Constant is what the restart ends in, so the graphs are
-    the same; the compile warm-up and the trainer both set it (the flag is part of the cache key). The floats
-    (the attention scale, a norm's epsilon, the head's temperature) are fixed for a run.
-    """
-    torch._dynamo.config.specialize_float = True
-
-
-def start_compile_workers() -> None:
-    """Starts inductor's pool of compile worker processes now, in the background, instead of at the first compile.
-
-    At a compile, inductor loads each Triton kernel of the graph (from its caches after the compile warm-up) in
-    the pool's workers once the pool is up, and one by one in this process until then: a pool that only starts at
-    the first compiled step loads that step's kernels serially. Starting it here, minutes before the first
-    compiled step (the warm-up runs meanwhile), takes that wait off the step. `TORCHINDUCTOR_COMPILE_THREADS=1`
-    means no pool (nothing starts). torch's own call (`torch._inductor.async_compile.maybe_warm_pool`, made at the
-    first compile), so a torch without it only loses the head start.
-    """
-    try:
-        from torch._inductor.async_compile import maybe_warm_pool
-
-        maybe_warm_pool()
-    except Exception as exc:  # noqa: BLE001 - private API; without it the first compile starts the pool itself
-        logger.info("inductor's compile workers not started early (%s: %s)", type(exc).__name__, exc)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from megatron.core.transformer.enums import AttnBackend
 from slime_convert import ModelArgs
 from slime_convert.hf_io import HFCheckpointReader
 from slime_convert.mapping import mcore_tensor_from_hf, mcore_to_hf
+from slime_core.compile_setup import prepare_layer_compile
 from slime_train_megatron.attention import PackedCoreAttention, attention_kind
 from slime_train_megatron.layers import sandwich_norm_spec
 from slime_train_megatron.settings import MegatronSettings
@@ -213,7 +214,8 @@ def compile_decoder_layers(model: GPTModel, backend: str = "inductor") -> int:
     call, and in `make_viewless_tensor`; the pieces between run compiled (the norms, RoPE, SwiGLU and residual adds
     fuse inside them). RoPE's graph specializes on the number of sequences in a row: past torch's recompile limit
     (8 distinct counts) that piece runs eagerly. Parameters, names and hooks are unchanged (`nn.Module.compile`
-    wraps the call only).
+    wraps the call only). Float inputs are compiled as constants and inductor's workers start now
+    (`slime_core.compile_setup.prepare_layer_compile`).
 
     Args:
         model: this stage's `GPTModel`.
@@ -222,6 +224,7 @@ def compile_decoder_layers(model: GPTModel, backend: str = "inductor") -> int:
     Returns:
         The number of layers compiled.
     """
+    prepare_layer_compile(next(model.parameters()).device)
     for layer in model.decoder.layers:
         layer.compile(dynamic=True, backend=backend)
     return len(model.decoder.layers)

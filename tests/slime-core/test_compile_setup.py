@@ -1,4 +1,4 @@
-"""`model_loading.start_compile_workers`: inductor's worker pool started at model build, not at the first compile."""
+"""`slime_core.compile_setup`: what a trainer compiling its decoder layers sets before its first compile."""
 
 from __future__ import annotations
 
@@ -7,21 +7,21 @@ import logging
 import torch
 import torch._inductor.async_compile as async_compile
 
-from slime_train_fsdp import model_loading
+from slime_core import compile_setup
 
 
 def test_it_starts_torchs_pool_and_a_failure_only_costs_the_head_start(monkeypatch, caplog):
     started = []
     monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: started.append(True))
-    model_loading.start_compile_workers()
+    compile_setup.start_compile_workers()
     assert started == [True]
 
     def broken():
         raise RuntimeError("no pool here")
 
     monkeypatch.setattr(async_compile, "maybe_warm_pool", broken)
-    with caplog.at_level(logging.INFO, logger=model_loading.__name__):
-        model_loading.start_compile_workers()  # does not raise
+    with caplog.at_level(logging.INFO, logger=compile_setup.__name__):
+        compile_setup.start_compile_workers()  # does not raise
     assert "compile workers not started early (RuntimeError: no pool here)" in caplog.text
 
 
@@ -41,7 +41,7 @@ def test_float_inputs_compile_once_without_dynamos_restart():
         torch.compile(_scaled_norm, dynamic=True, backend="aot_eager")(x, 1e-6)
         restart = "<class 'torch._dynamo.exc.TensorifyScalarRestartAnalysis'>"
         assert get_compilation_metrics()[-1].restart_reasons == {restart}  # the restart this avoids
-        model_loading.specialize_float_inputs()
+        compile_setup.specialize_float_inputs()
         torch._dynamo.reset()
         out = torch.compile(_scaled_norm, dynamic=True, backend="aot_eager")(x, 1e-6)
         assert get_compilation_metrics()[-1].restart_reasons == set()
