@@ -455,8 +455,9 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
 
     Returns:
         `{"seconds" (from the gate), "compile_seconds", "graphs", "token_counts", "ready_seconds" (the CPU-only
-        part), "gate_wait_seconds", "phases", "frames"}`; `frames` is `compile_stats.compiled_frames`; `phases` maps `process_group`, `model_init`, `log_probs`,
-        `forward_backward` and `head` to `[wall s, of it s in torch.compile]` (GPU work synchronized).
+        part), "gate_wait_seconds", "phases", "frames"}`; `frames` is `compile_stats.compiled_frames`; `phases`
+        maps `process_group`, `model_init`, `log_probs`, `forward_backward` and `head` to
+        `[wall s, of it s in torch.compile]` (GPU work synchronized).
     """
     import torch.distributed as dist
 
