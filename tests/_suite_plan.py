@@ -56,7 +56,7 @@ FORKS_RANKS = (
 # A unit missing here only runs later; an entry that no longer exists fails tests/test_suite_plan.py.
 LONGEST_FIRST = (
     "tests/apps/test_train_e2e.py",  # 507 s
-    "tests/slime-train-fsdp/test_compile_warmup.py",  # 319 s
+    "tests/slime-train-fsdp/test_compile_warmup.py",  # 319 s; its real steps 60 -> 23 CPU-s each since (110 tokens)
     "tests/apps/test_fully_async_e2e.py",  # 243 s
     "tests/apps/test_ppo_opd_e2e.py",  # 220 s
     "tests/benchmarks/test_bench_smoke.py",  # 166 s

@@ -58,3 +58,13 @@ def tiny_hf_model(tmp_path_factory):
         return cache[model_type]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def first_shard():
+    """`first_shard(hf_dir) -> Path`: the first `model-*.safetensors` shard of a saved HF model, by name."""
+
+    def first(hf_dir: pathlib.Path) -> pathlib.Path:
+        return sorted(hf_dir.glob("model-*.safetensors"))[0]
+
+    return first

@@ -14,20 +14,11 @@ from slime_convert.hf_io import HFCheckpointReader
 pytest.importorskip("transformers")
 
 
-def _copy(hf_dir, dst):
-    shutil.copytree(hf_dir, dst)
-    return dst
-
-
-def _first_shard(hf_dir):
-    return sorted(hf_dir.glob("model-*.safetensors"))[0]
-
-
 @pytest.mark.parametrize("keep", [5, 0.5])  # inside the 8-byte header length / inside the tensor data
-def test_a_truncated_shard_is_one_error_naming_the_file(tiny_hf_model, tmp_path, caplog, keep):
+def test_a_truncated_shard_is_one_error_naming_the_file(first_shard, tiny_hf_model, tmp_path, caplog, keep):
     _, hf_dir = tiny_hf_model("qwen3")
-    broken = _copy(hf_dir, tmp_path / "broken")
-    shard = _first_shard(broken)
+    broken = shutil.copytree(hf_dir, tmp_path / "broken")
+    shard = first_shard(broken)
     data = shard.read_bytes()
     shard.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
     # Was safetensors' SafetensorError traceback, naming no file.
@@ -41,7 +32,7 @@ def test_a_truncated_shard_is_one_error_naming_the_file(tiny_hf_model, tmp_path,
 
 def test_a_broken_index_names_the_index_file(tiny_hf_model, tmp_path):
     _, hf_dir = tiny_hf_model("qwen3")
-    broken = _copy(hf_dir, tmp_path / "broken")
+    broken = shutil.copytree(hf_dir, tmp_path / "broken")
     index = broken / "model.safetensors.index.json"
     good = json.loads(index.read_text())
     for text, message in [
@@ -93,7 +84,7 @@ def test_an_index_naming_a_shard_outside_the_checkpoint_is_refused(tiny_hf_model
     # Issue 27: the reader joined the folder with the index's name as given, so `../x` or `/x` read a real
     # safetensors file elsewhere on the machine (here: one of the same model, so nothing else stopped it).
     _, hf_dir = tiny_hf_model("qwen3")
-    model = _copy(hf_dir, tmp_path / "models" / "m")
+    model = shutil.copytree(hf_dir, tmp_path / "models" / "m")
     index = model / "model.safetensors.index.json"
     good = json.loads(index.read_text())
     name, shard = next(iter(good["weight_map"].items()))
@@ -225,13 +216,13 @@ def test_fsdp_to_hf_refuses_another_model_and_a_lora_checkpoint(tiny_hf_model, t
     assert f"{hf_dir}: not an FSDP checkpoint (no model_and_optim/.metadata" in caplog.text
 
 
-def test_tensors_and_shards_the_index_does_not_list_are_named(tiny_hf_model, tmp_path, caplog):
+def test_tensors_and_shards_the_index_does_not_list_are_named(first_shard, tiny_hf_model, tmp_path, caplog):
     """The index decides what a checkpoint holds (as for transformers); what it leaves out was skipped unsaid."""
     from safetensors.torch import save_file
 
     _, hf_dir = tiny_hf_model("qwen3")
-    model = _copy(hf_dir, tmp_path / "m")
-    shard = _first_shard(model)
+    model = shutil.copytree(hf_dir, tmp_path / "m")
+    shard = first_shard(model)
     tensors = load_file(str(shard))
     save_file({**tensors, "model.extra.weight": torch.ones(3)}, str(shard), metadata={"format": "pt"})
     save_file({"model.stale.weight": torch.ones(2)}, str(model / "model-00009-of-00009.safetensors"))

@@ -14,15 +14,6 @@ from slime_convert.hf_io import HFCheckpointReader
 pytest.importorskip("transformers")
 
 
-def _copy(hf_dir, dst):
-    shutil.copytree(hf_dir, dst)
-    return dst
-
-
-def _first_shard(hf_dir):
-    return sorted(hf_dir.glob("model-*.safetensors"))[0]
-
-
 @pytest.mark.parametrize("vocab", [0, -5])  # 0 wrote a [0, hidden] embedding; -5 kept 379 of 384 padded rows
 def test_a_vocab_size_below_one_is_refused(tiny_hf_model, tmp_path, caplog, vocab):
     _, hf_dir = tiny_hf_model("qwen3")
@@ -45,7 +36,7 @@ def test_mixed_dtypes_name_the_tensor_and_the_flag_that_casts(tiny_hf_model, tmp
     from safetensors.torch import save_file
 
     _, hf_dir = tiny_hf_model("qwen3")
-    mixed = _copy(hf_dir, tmp_path / "mixed")
+    mixed = shutil.copytree(hf_dir, tmp_path / "mixed")
     name = "model.layers.1.mlp.down_proj.weight"  # layer 0 stays fp32, layer 1 becomes fp16
     shard = mixed / json.loads((mixed / "model.safetensors.index.json").read_text())["weight_map"][name]
     tensors = load_file(str(shard))
@@ -62,12 +53,12 @@ def test_mixed_dtypes_name_the_tensor_and_the_flag_that_casts(tiny_hf_model, tmp
     assert main([*argv, "--dtype", "bf16"]) == 0
 
 
-def test_the_exported_config_states_the_written_dtype_and_no_quantization(tiny_hf_model, tmp_path):
+def test_the_exported_config_states_the_written_dtype_and_no_quantization(first_shard, tiny_hf_model, tmp_path):
     """The origin's config.json was copied as is: fp32 weights under "bfloat16" (from_pretrained(dtype="auto") then
     loads them in bf16) and an FP8 origin's quantization_config over unquantized weights."""
     _, hf_dir = tiny_hf_model("qwen3")  # fp32 weights
     hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
-    origin = _copy(hf_dir, tmp_path / "fp8-origin")
+    origin = shutil.copytree(hf_dir, tmp_path / "fp8-origin")
     config = json.loads((origin / "config.json").read_text())
     config.update(dtype="bfloat16", torch_dtype="bfloat16", quantization_config={"quant_method": "fp8"})
     (origin / "config.json").write_text(json.dumps(config))
@@ -81,7 +72,7 @@ def test_the_exported_config_states_the_written_dtype_and_no_quantization(tiny_h
 
     out = mcore_to_hf(tmp_path / "m", tmp_path / "h16", origin, dtype=torch.float16, progress=False)
     assert json.loads((out / "config.json").read_text())["dtype"] == "float16"
-    assert {t.dtype for t in load_file(str(_first_shard(out))).values()} == {torch.float16}
+    assert {t.dtype for t in load_file(str(first_shard(out))).values()} == {torch.float16}
 
 
 def _edit_config(hf_dir, **fields):
@@ -92,7 +83,7 @@ def _edit_config(hf_dir, **fields):
 def test_hf_tensors_the_config_does_not_describe_are_refused_not_dropped(tiny_hf_model, tmp_path, caplog):
     """num_hidden_layers=1 over a 2-layer checkpoint wrote a 1-layer torch_dist (exit 0): layer 1 was dropped."""
     _, hf_dir = tiny_hf_model("qwen3")
-    fewer = _copy(hf_dir, tmp_path / "fewer")
+    fewer = shutil.copytree(hf_dir, tmp_path / "fewer")
     _edit_config(fewer, num_hidden_layers=1)
     argv = ["hf-to-mcore", "--hf-checkpoint", str(fewer), "--save", str(tmp_path / "m"), "--no-progress"]
     assert main(argv) == 2
@@ -106,7 +97,7 @@ def test_a_tied_models_stored_head_must_be_its_embedding(tiny_hf_model, tmp_path
     from safetensors.torch import save_file
 
     _, hf_dir = tiny_hf_model("qwen3")  # tied: transformers stores no lm_head.weight
-    model = _copy(hf_dir, tmp_path / "with-head")
+    model = shutil.copytree(hf_dir, tmp_path / "with-head")
     embed = HFCheckpointReader(hf_dir).get("model.embed_tokens.weight")
     index = model / "model.safetensors.index.json"
     weight_map = json.loads(index.read_text())["weight_map"]
@@ -123,7 +114,7 @@ def test_torch_dist_tensors_the_origin_config_has_no_name_for_are_refused(tiny_h
     """A q/k/v bias stored in the checkpoint under an origin config without one was left out of the export (exit 0)."""
     _, hf_dir = tiny_hf_model("glm4")  # attention_bias=True: linear_qkv.bias is stored
     hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
-    origin = _copy(hf_dir, tmp_path / "no-bias")
+    origin = shutil.copytree(hf_dir, tmp_path / "no-bias")
     _edit_config(origin, attention_bias=False)
     argv = ["mcore-to-hf", "--input-dir", str(tmp_path / "m"), "--output-dir", str(tmp_path / "h")]
     assert main([*argv, "--origin-hf-dir", str(origin), "--no-progress"]) == 2
@@ -137,7 +128,7 @@ def test_a_dtype_cast_that_overflows_is_refused_naming_the_tensor(tiny_hf_model,
     from safetensors.torch import save_file
 
     _, hf_dir = tiny_hf_model("qwen3")
-    model = _copy(hf_dir, tmp_path / "big")
+    model = shutil.copytree(hf_dir, tmp_path / "big")
     name = "model.layers.1.mlp.down_proj.weight"
     shard = model / json.loads((model / "model.safetensors.index.json").read_text())["weight_map"][name]
     tensors = load_file(str(shard))
@@ -161,7 +152,7 @@ def test_nan_and_inf_weights_are_carried_exactly_and_named(tiny_hf_model, tmp_pa
     from safetensors.torch import save_file
 
     _, hf_dir = tiny_hf_model("qwen3")
-    model = _copy(hf_dir, tmp_path / "nan")
+    model = shutil.copytree(hf_dir, tmp_path / "nan")
     weight_map = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
     bad = {"model.layers.0.self_attn.o_proj.weight": float("nan"), "model.norm.weight": float("inf")}
     for name, value in bad.items():

@@ -15,15 +15,6 @@ from slime_convert.cli import main
 pytest.importorskip("transformers")
 
 
-def _copy(hf_dir, dst):
-    shutil.copytree(hf_dir, dst)
-    return dst
-
-
-def _first_shard(hf_dir):
-    return sorted(hf_dir.glob("model-*.safetensors"))[0]
-
-
 def test_force_keeps_the_old_output_until_the_new_one_is_complete(tiny_hf_model, tmp_path, monkeypatch):
     from slime_convert import hf_io
 
@@ -43,7 +34,7 @@ def test_force_keeps_the_old_output_until_the_new_one_is_complete(tiny_hf_model,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h", "m"]  # no h.tmp / h.old
 
 
-def test_force_replaces_a_file_at_the_output_path(tiny_hf_model, tmp_path, caplog):
+def test_force_replaces_a_file_at_the_output_path(first_shard, tiny_hf_model, tmp_path, caplog):
     _, hf_dir = tiny_hf_model("qwen3")
     hf_to_mcore(hf_dir, tmp_path / "m", progress=False)
     (tmp_path / "h").write_text("a file")
@@ -52,7 +43,7 @@ def test_force_replaces_a_file_at_the_output_path(tiny_hf_model, tmp_path, caplo
     assert main(argv) == 2
     assert "exists (pass -f/--force to replace it)" in caplog.text
     assert main([*argv, "--force"]) == 0  # was NotADirectoryError from shutil.rmtree
-    converted = load_file(str(_first_shard(tmp_path / "h")))
+    converted = load_file(str(first_shard(tmp_path / "h")))
     assert converted and all(torch.isfinite(t).all() for t in converted.values())
 
 
@@ -248,7 +239,7 @@ def test_ctrl_c_mid_conversion_ends_in_one_line(tiny_hf_model, tmp_path, monkeyp
 def test_force_never_replaces_the_checkpoint_being_read(tiny_hf_model, tmp_path, caplog, output):
     """`--output-dir` naming the torch_dist save (or --origin-hf-dir) with -f replaced it by the export: input gone."""
     _, hf_dir = tiny_hf_model("qwen3")
-    origin = _copy(hf_dir, tmp_path / "origin")
+    origin = shutil.copytree(hf_dir, tmp_path / "origin")
     hf_to_mcore(origin, tmp_path / "m", progress=False)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     if output == "fp8":

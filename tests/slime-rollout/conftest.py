@@ -5,7 +5,7 @@
 
 `_rollout_fakes.py` (the rollout loop's test doubles) is importable as module `slime_rollout_fakes`, and
 `_multi_turn_fakes.py` (the multi-turn tests' scripted engine) as `slime_multi_turn_fakes`, `_data_source_helpers.py`
-as `slime_data_source_helpers`: registered
+as `slime_data_source_helpers`, `_preflight_helpers.py` as `slime_preflight_helpers`: registered
 here, before any test module is imported (pytest runs with `--import-mode=importlib`, so this folder is not on
 `sys.path`); its functions are also plugin paths the rollout imports by name.
 """
@@ -26,6 +26,7 @@ for _name, _file in (
     ("slime_rollout_fakes", "_rollout_fakes.py"),
     ("slime_multi_turn_fakes", "_multi_turn_fakes.py"),
     ("slime_data_source_helpers", "_data_source_helpers.py"),
+    ("slime_preflight_helpers", "_preflight_helpers.py"),
 ):
     _spec = importlib.util.spec_from_file_location(_name, pathlib.Path(__file__).with_name(_file))
     sys.modules[_name] = importlib.util.module_from_spec(_spec)

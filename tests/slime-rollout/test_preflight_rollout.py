@@ -1,12 +1,9 @@
 """`slime_rollout.generation.preflight`: the synchronous rollout's flags checked against the data source it is given."""
 
-import json
-
 import pytest
+from slime_preflight_helpers import _cfg, _errors, _write
 
-from slime_core.config import parse_args
 from slime_rollout.data.source import RolloutDataSource
-from slime_rollout.preflight import check
 
 BUFFERLESS = "slime.rollout.data_source.RolloutDataSource"
 FILTER = "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
@@ -20,14 +17,8 @@ class KeepsItsOwn(RolloutDataSource):
 
 
 def _partial_problems(tmp_path, *extra):
-    data = tmp_path / "d.jsonl"
-    data.write_text(json.dumps({"prompt": "p", "label": "1"}) + "\n")
-    cfg = parse_args(
-        ["--train-backend", "fsdp", "--prompt-data", str(data), "--input-key", "prompt", "--label-key", "label",
-         "--rm-type", "math", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
-         "--num-rollout", "1", "--rollout-max-response-len", "8", "--actor-num-gpus-per-node", "1", *extra]
-    )  # fmt: skip
-    return [p.message for p in check(cfg) if p.severity == "error" and "--partial-rollout" in p.message]
+    data = _write(tmp_path / "d.jsonl", {"prompt": "p", "label": "1"})
+    return [m for m in _errors(_cfg(data, "--rm-type", "math", *extra)) if "--partial-rollout" in m]
 
 
 @pytest.mark.parametrize(

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 
 import torch
 import torch.distributed as dist
+from slime_fsdp_test_worker_common import (
+    full_params,
+    hf_reference_log_probs,
+    make_args,
+    make_batch,
+    max_diff,
+    optimizer_states,
+)
 
 from slime_train_fsdp import FSDPTrainBackend
-
-_spec = importlib.util.spec_from_file_location(
-    "slime_fsdp_test_worker_common", pathlib.Path(__file__).with_name("_worker_common.py")
-)
-_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_common)
-make_args = _common.make_args
-make_batch = _common.make_batch
-full_params = _common.full_params
-optimizer_states = _common.optimizer_states
-hf_reference_log_probs = _common.hf_reference_log_probs
-max_diff = _common.max_diff
 
 
 def scenario_gpu(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:

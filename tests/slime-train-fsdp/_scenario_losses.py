@@ -3,23 +3,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import sys
 import types
 
 import torch
+from slime_fsdp_test_worker_common import full_params, make_args, make_batch
 
 from slime_train_fsdp import FSDPTrainBackend
-
-_spec = importlib.util.spec_from_file_location(
-    "slime_fsdp_test_worker_common", pathlib.Path(__file__).with_name("_worker_common.py")
-)
-_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_common)
-make_args = _common.make_args
-make_batch = _common.make_batch
-full_params = _common.full_params
 
 
 def _custom_loss(args, batch, logits, sum_of_sample_mean):

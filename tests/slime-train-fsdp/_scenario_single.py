@@ -5,10 +5,19 @@ one-step old-log-prob reuse and the per-token loss reference that the 2-rank run
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import pathlib
 
 import torch
+from slime_fsdp_test_compile_scenario import gathered_states
+from slime_fsdp_test_worker_common import (
+    TEMPERATURE,
+    full_params,
+    hf_reference_log_probs,
+    make_args,
+    make_batch,
+    max_diff,
+    with_top_p_sets,
+)
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
@@ -17,25 +26,6 @@ from slime_core.train_step import can_reuse_old_log_probs
 from slime_train_fsdp import FSDPTrainBackend
 from slime_train_fsdp.hf_export import save_hf
 from slime_train_fsdp.packing import pack_micro_batch, response_log_probs, split_by_lengths
-
-_spec = importlib.util.spec_from_file_location(
-    "slime_fsdp_test_worker_common", pathlib.Path(__file__).with_name("_worker_common.py")
-)
-_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_common)
-TEMPERATURE = _common.TEMPERATURE
-make_args = _common.make_args
-make_batch = _common.make_batch
-full_params = _common.full_params
-hf_reference_log_probs = _common.hf_reference_log_probs
-max_diff = _common.max_diff
-with_top_p_sets = _common.with_top_p_sets
-
-_spec = importlib.util.spec_from_file_location(
-    "slime_fsdp_test_compile_scenario", pathlib.Path(__file__).with_name("_compile_scenario.py")
-)
-_compile = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_compile)
 
 
 def hf_reference_top_p_log_probs(path: str, batch: RolloutBatch) -> list[torch.Tensor]:
@@ -228,5 +218,5 @@ def scenario_single(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     res["per_token_params"] = full_params(t)
     res["per_token_steps"] = t.step_metrics
     # 11. one rank keeps a layer's gathered parameters from forward to backward, then everything is sharded again.
-    res["gathered"] = _compile.gathered_states(t, batch)
+    res["gathered"] = gathered_states(t, batch)
     return res

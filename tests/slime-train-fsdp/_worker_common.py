@@ -1,6 +1,7 @@
 """What every FSDP backend scenario shares: the run config, the test batches and the references they are checked
-against (plain transformers, fp32). Loaded by path by the `_scenario_*.py` modules and by other worker files
-(`_lora_worker.py`, `_true_on_policy_worker.py`, the compile warm-up tests)."""
+against (plain transformers, fp32). `_workers.py` loads it once as module `slime_fsdp_test_worker_common`, which the
+`_scenario_*.py` modules import; other worker files load it by path (`_lora_worker.py`, `_true_on_policy_worker.py`,
+the compile warm-up tests)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun style). Each rank writes its results to
 `OUT/rank{RANK}.pt`; the pytest side asserts on them. Scenarios run several checks on one process group. They live
 in sibling modules by concern (`_scenario_single.py`, `_scenario_resume.py`, `_scenario_inputs.py`,
-`_scenario_losses.py`, `_scenario_gpu.py`, `_compile_scenario.py`) and share `_worker_common.py`.
+`_scenario_losses.py`, `_scenario_gpu.py`, `_compile_scenario.py`) and share `_worker_common.py`, which this module
+loads once and they import by name.
 """
 
 from __future__ import annotations
@@ -20,17 +21,25 @@ import torch.distributed as dist
 
 
 def _sibling(stem: str) -> ModuleType:
-    """A sibling file imported by path (the tests directory is not a package)."""
-    path = pathlib.Path(__file__).with_name(f"{stem}.py")
-    spec = importlib.util.spec_from_file_location(f"slime_fsdp_test{stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A sibling file imported by path once per process, as module `slime_fsdp_test{stem}` (the tests directory is
+    not a package); the scenario modules import the shared ones (`slime_fsdp_test_worker_common`,
+    `slime_fsdp_test_compile_scenario`) by that name, so those are loaded first."""
+    name = f"slime_fsdp_test{stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).with_name(f"{stem}.py"))
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(sys.modules[name])
+        except BaseException:
+            del sys.modules[name]  # as `import` does: no half-run module for the next load to find
+            raise
+    return sys.modules[name]
 
 
-_common, _single, _resume = _sibling("_worker_common"), _sibling("_scenario_single"), _sibling("_scenario_resume")
-_inputs, _losses, _gpu, _compile = (_sibling(s) for s in ("_scenario_inputs", "_scenario_losses", "_scenario_gpu",
-                                                           "_compile_scenario"))  # fmt: skip
+_common, _compile = _sibling("_worker_common"), _sibling("_compile_scenario")
+_single, _resume, _inputs, _losses, _gpu = (_sibling(s) for s in ("_scenario_single", "_scenario_resume",
+                                                                   "_scenario_inputs", "_scenario_losses",
+                                                                   "_scenario_gpu"))  # fmt: skip
 
 SCENARIOS = {
     "loss_types": _losses.scenario_loss_types,

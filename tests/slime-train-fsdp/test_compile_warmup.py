@@ -198,7 +198,11 @@ _REAL_STEP = textwrap.dedent("""
     cfg = make_args(sys.argv[1], **json.loads(sys.argv[3]))
     backend = FSDPTrainBackend()
     backend.init(cfg, with_ref=False)
-    batch = cw._dummy_batch([700, 300])  # other lengths than the warm-up's: the graphs are dynamic
+    # Other lengths than the warm-up's (the graphs are dynamic): 48-token rows, so the first micro-batch packs two
+    # sequences (80 = 48 + 32) and the second one (30). 110 tokens, not 1000: the eager 151936-token head took
+    # 60 CPU-s of this step at 1000 (22 CPU-s at ~100), and it is not what this test checks.
+    cw._SEQ_LEN = 48
+    batch = cw._dummy_batch([80, 30])
     # The real step, with the no-grad forward where the config has one (--entropy-coef 0: the entropy is detached).
     metrics = backend.train(0, batch)
     print(json.dumps({**counters["inductor"], **{k: v for k, v in metrics.items() if k.startswith("perf/compile")}}))

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import logging
 import statistics
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -226,6 +228,23 @@ def check_chat_template(cfg: SlimeArgs, samples: list[Any], left: int) -> tuple[
     return out, (left - int(out.get("rollout/chat_template/checked", 0)) if out else 0)
 
 
+def _import_in_background(module: str) -> threading.Thread:
+    """Starts importing `module` in a daemon thread; join it before importing the module where it is used.
+
+    A failure is only logged at debug level: that later import raises it again, where the error belongs.
+    """
+
+    def load() -> None:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - raised again, in context, by the caller's own import
+            logger.debug("background import of %s failed", module, exc_info=True)
+
+    thread = threading.Thread(target=load, name=f"import-{module}", daemon=True)
+    thread.start()
+    return thread
+
+
 @ray.remote(concurrency_groups={"control": 1, "save": 1})
 class RolloutManager:
     """Owns engines, data source and the rollout function for the whole run.
@@ -259,21 +278,25 @@ class RolloutManager:
     def start(self) -> list[str]:
         """Launches (or attaches to external) engines and builds the data source; returns the engine URLs."""
         from slime_rollout.data.tokenizer import prefetch_tokenizer
-        from slime_rollout.engines.client import get_client
-        from slime_rollout.engines.plugin_http import init_http_client
-        from slime_rollout.generation.rollout import create_data_source
 
         cfg = self.cfg
         no_engines = cfg.debug_train_only or cfg.load_debug_rollout_data
         if no_engines:
             addresses = EngineAddresses(urls=[])
         else:
-            # The data source and the rollout need the tokenizer: its import and load overlap the engines' start
-            # instead of following it (the trainer's model load and compile warm-up wait for this method).
+            # The data source and the rollout need the tokenizer and the rollout modules (torch: ~2 s): their imports
+            # and the tokenizer's load overlap the engines' start instead of coming before or after it (the trainer's
+            # model load and compile warm-up wait for this method).
             prefetch = prefetch_tokenizer(cfg.hf_checkpoint) if cfg.hf_checkpoint else None
+            rollout_modules = _import_in_background("slime_rollout.generation.rollout")
             self.engines, addresses = launch_or_attach_engines(cfg, self.placement)
+            rollout_modules.join()
             if prefetch is not None:
                 prefetch.join()
+        from slime_rollout.engines.client import get_client
+        from slime_rollout.engines.plugin_http import init_http_client
+        from slime_rollout.generation.rollout import create_data_source
+
         self.args = plugin_args(cfg, addresses)
         init_http_client(self.args)  # plugins' `post` (slime.utils.http_utils): pool size and timeout of this run
         if cfg.prompt_data or cfg.data_source_path:
