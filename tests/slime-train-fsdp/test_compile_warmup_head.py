@@ -57,7 +57,9 @@ _STEP = textwrap.dedent("""
                              step_token_counts=[float(sum(resp))])
         backend.compute_log_probs(batch)
         backend.train(0, batch)  # the real GRPO loss
-    print(json.dumps(dict(counters["inductor"])))
+    print(json.dumps(dict(counters["inductor"])), flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()  # a live gloo group's threads could abort the interpreter's exit
 """)
 
 
