@@ -133,7 +133,8 @@ def _loop_phases(monkeypatch, **fields):
     run.cfg, run.manager, run.trainer = cfg, _Manager(), Trainer()
     run.progress = _plain()
     run.tracker = type("T", (), {"log": lambda *a: None, "rollout_done": lambda *a: None,
-                                 "eval_line": lambda *a: None})()  # fmt: skip
+                                 "eval_line": lambda *a: None, "state": lambda self: {}})()  # fmt: skip
+    monkeypatch.setattr(loop, "save_run_state", lambda *a: None)  # a save's run state goes nowhere here
     run.start_rollout_id = 0
     run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
     run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
