@@ -1,4 +1,4 @@
-"""`compile_warmup.warm_up_head`: the compiled log-prob head's graphs as the real step uses them (issue 26).
+"""`compile_warmup_head.warm_up_head`: the compiled log-prob head's graphs as the real step uses them (issue 26).
 
 On one H100 the first step after the warm-up still spent 11 s in torch.compile. On CPU (with the `fused` head
 compiled, as on CUDA) the real step after the old warm-up missed inductor's FX graph cache 3 times, all in the
@@ -32,13 +32,13 @@ _STEP = textwrap.dedent("""
     import dataclasses
     from slime_core.batch import RolloutBatch
     from slime_train_fsdp import FSDPTrainBackend
-    from slime_train_fsdp import compile_warmup as cw
+    from slime_train_fsdp.compile_warmup_head import warm_up_head
     from slime_train_fsdp.packing import ForwardOptions, forward_options, install_response_forward
 
     cfg = workers.make_args(sys.argv[2], **json.loads(sys.argv[4]))
     if sys.argv[1] == "warm":
         vocab = int(json.load(open(sys.argv[2] + "/config.json"))["vocab_size"])
-        cw.warm_up_head(ForwardOptions(head="fused", compile_head=True), vocab_size=vocab,
+        warm_up_head(ForwardOptions(head="fused", compile_head=True), vocab_size=vocab,
                         device=torch.device("cpu"), cfg=cfg)
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -7,12 +7,13 @@ implementation and the regime of the packed length, not on the weights or the vo
 a stand-in of the trained model with one layer (one of each kind where `layer_types` mixes kinds; random weights, a
 256-token vocabulary) through the trainer's own code
 path (`FSDPTrainBackend.init`, world size 1), runs the no-grad log-prob forward and a forward + backward on dummy
-packed rows of the run's micro-batch sizes, and exits. The compiled `fused` log-prob head is the exception: its
+packed rows of the run's micro-batch sizes (the no-grad forward only where a step runs one), and exits. The
+compiled `fused` log-prob head is the exception: its
 graphs are guarded on the vocabulary's range, and its backward differs with the loss (an entropy term or not), so
-it is warmed on its own at the trained vocabulary with the run's loss (`warm_up_head`; before, a qwen3 step after
-the warm-up missed these 3 graphs on CPU). Inductor's caches (FX graph and AOT autograd caches, Triton
-kernels; `TORCHINDUCTOR_CACHE_DIR`, by default `/tmp/torchinductor_<user>`) then hold what the real layers compile,
-and their first forward loads instead of compiling.
+it is warmed on its own at the trained vocabulary with the run's loss (`compile_warmup_head.warm_up_head`;
+before, a qwen3 step after the warm-up missed these 3 graphs on CPU). Inductor's caches (FX graph and AOT autograd
+caches, Triton kernels; `TORCHINDUCTOR_CACHE_DIR`, by default `/tmp/torchinductor_<user>`) then hold what the real
+layers compile, and their first forward loads instead of compiling.
 
 When it runs (`start_compile_warm_up`, called by the trainer rank before `init`): trainer GPUs of their own start it
 while the engines start. Colocated ranks start it *gated* at the same moment: the process imports its stack, writes
@@ -55,14 +56,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from slime_core.config import SlimeArgs
-
-if TYPE_CHECKING:
-    from slime_train_fsdp.packing import ForwardOptions
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +74,6 @@ __all__ = [
     "defers_compile",
     "run_warm_up",
     "start_compile_warm_up",
-    "warm_up_head",
     "warm_up_token_counts",
 ]
 
@@ -465,6 +462,7 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     from slime_core.train_step import entropy_has_grad, runs_no_grad_forward
     from slime_train_fsdp.backend import FSDPTrainBackend
     from slime_train_fsdp.compile_stats import compile_seconds, compiled_frames, compiled_graphs
+    from slime_train_fsdp.compile_warmup_head import warm_up_head
     from slime_train_fsdp.packing import forward_options, set_forward_options
 
     started = time.monotonic()
@@ -518,56 +516,6 @@ def run_warm_up(cfg: SlimeArgs, workdir: pathlib.Path) -> dict[str, Any]:
     return {"seconds": time.monotonic() - started, "compile_seconds": compile_seconds(),
             "graphs": compiled_graphs(), "token_counts": counts, "ready_seconds": ready,
             "gate_wait_seconds": gate_wait, "phases": phases, "frames": compiled_frames(0)}  # fmt: skip
-
-
-def warm_up_head(options: ForwardOptions, *, vocab_size: int, device: torch.device, cfg: SlimeArgs,
-                 no_grad: bool = True) -> None:  # fmt: skip
-    """Compiles the log-prob head's graphs as the trained model's steps call it (nothing without a compiled head).
-
-    The compiled `fused` head's graphs depend on the vocabulary `V`: inductor guards its `[c, V]` reductions on
-    `V`'s range (CPU, 256-token stand-in: `V <= 4096`, which the 151936 of Qwen3 fails, so its step compiled them
-    again). They do not depend on the hidden width, which only the eager matmul sees, nor on a chunk's position
-    (`fused_head._own`). So this runs the head alone on `[rows, 16]` hidden states and a `[V, 16]` weight in the
-    layers' compute dtype, with the rows of one full chunk of `--log-probs-chunk-size` and a shorter last one, as a
-    micro-batch has them: the no-grad pass of `compute_log_probs` (no entropy; when `no_grad`), and the training
-    pass (entropy) with the backward the step's loss takes: the entropy term only when the run's loss
-    back-propagates through it (`slime_core.train_step.entropy_has_grad`), a different graph. GPU memory: one
-    chunk's fp32 logits at a time (`chunk * V * 4` bytes; 0.6 GiB for Qwen3 at 1024 rows), twice in the backward.
-
-    Args:
-        options: the trained model's `packing.ForwardOptions` (`head`, `compile_head`).
-        vocab_size: the trained model's vocabulary (rows of its output weight).
-        device: the compute device.
-        cfg: reads `rollout_temperature`, `log_probs_chunk_size` and what `entropy_has_grad` reads.
-        no_grad: also compile the no-grad pass (`slime_core.train_step.runs_no_grad_forward`).
-    """
-    from slime_core.algorithms.fused_head import resolve_chunk_size
-    from slime_core.train_step import entropy_has_grad
-    from slime_train_fsdp.logprob_head import head_log_probs
-    from slime_train_fsdp.model_loading import compute_dtype
-
-    if not options.compile_head:
-        return
-    chunk = resolve_chunk_size(cfg.log_probs_chunk_size)
-    # A full chunk (the forward's first call, as in a step) and a last, shorter one (the backward's first call) of
-    # at least 2 rows (dynamo specializes sizes 0 and 1: a graph of its own).
-    rows, width, dtype = chunk + max(chunk // 3, 2), 16, compute_dtype(device)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    hidden = torch.randn(rows, width, generator=g).to(device, dtype).requires_grad_(True)  # [rows, 16]
-    weight = torch.randn(vocab_size, width, generator=g).to(device, dtype).requires_grad_(True)  # [V, 16]
-    targets = torch.randint(0, vocab_size, (rows,), generator=g).to(device)  # [rows] int64
-    run = functools.partial(head_log_probs, temperature=cfg.rollout_temperature, chunk_size=chunk,
-                            head=options.head, compiled=True)  # fmt: skip
-    if no_grad:
-        with torch.no_grad():
-            run(hidden, weight, targets, with_entropy=False)
-    logp, entropy = run(hidden, weight, targets, with_entropy=True)
-    # Cotangents as the step's loss gives them: dense `[rows]` tensors (a plain `.sum()` gives stride-0 ones, which
-    # dynamo guards on: another graph).
-    loss = (logp * torch.rand_like(logp)).sum()
-    if entropy_has_grad(cfg):
-        loss = loss + (entropy * torch.rand_like(entropy)).sum()
-    loss.backward()
 
 
 def _loss_like_the_run(entropy_grad: bool, ids: list[int], log_probs: list[torch.Tensor], entropy: list[torch.Tensor]):
