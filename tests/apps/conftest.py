@@ -1,9 +1,20 @@
-"""Fixtures shared by the end-to-end tests of the apps: the tiny Qwen3 they train and a TensorBoard scalar reader."""
+"""Fixtures shared by the end-to-end tests of the apps: the tiny Qwen3 they train and a TensorBoard scalar reader.
 
+`_loop_fakes.py` (the training loop's test doubles) is importable as module `slime_app_loop_fakes`: registered here,
+before any test module is imported (pytest runs with `--import-mode=importlib`, so this folder is not on `sys.path`).
+"""
+
+import importlib.util
 import pathlib
+import sys
 from collections.abc import Callable
 
 import pytest
+
+_FAKES = pathlib.Path(__file__).with_name("_loop_fakes.py")
+_spec = importlib.util.spec_from_file_location("slime_app_loop_fakes", _FAKES)
+sys.modules["slime_app_loop_fakes"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sys.modules["slime_app_loop_fakes"])
 
 
 @pytest.fixture(scope="session")

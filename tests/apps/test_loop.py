@@ -3,105 +3,16 @@
 Ray and the actors are replaced by fakes that record the calls in order (no processes are started).
 """
 
-import json
 import time
 import types
 
 import pytest
 from ray.exceptions import GetTimeoutError
+from slime_app_loop_fakes import Actor, BuildTrainer, FakeRay, Tracker, Trainer, patch_ray, unbuilt_run
 
-from slime_app import loop, rollout_schedule
+from slime_app import loop
 from slime_app.failures import SaveFailed
-from slime_app.run_state import run_state_path
-from slime_app.train_actor import TrainGroup
 from slime_core.config import SlimeArgs
-
-
-def _patch_ray(monkeypatch, fake) -> None:
-    """Puts `fake` in place of the driver's Ray: the loop's and its rollout schedule's (`Rollouts`)."""
-    for module in (loop, rollout_schedule):
-        monkeypatch.setattr(module, "ray", fake)
-
-
-class _FakeRay:
-    """`ray.get` / `ray.wait` over the fake refs: a generate ref resolves to (no batches, its metrics)."""
-
-    def __init__(self, events):
-        self.events = events
-
-    def get(self, ref, timeout=None):
-        kind, args = ref
-        if kind == "generate":
-            self.events.append(("got", *args))
-            return [], {"rollout/raw_reward": 0.5}
-        if kind == "eval":
-            return {"eval/demo": 0.25}
-        if kind == "start":
-            self.events.append(("engines up",))
-        return None
-
-    def wait(self, refs, num_returns):
-        self.events.extend(("waited", *args) for _, args in refs)
-
-
-class _Actor:
-    """The rollout manager: every `method.remote(...)` is recorded and returns a fake ref."""
-
-    def __init__(self, events):
-        self.events = events
-
-    def __getattr__(self, name):
-        def remote(*args):
-            if name != "generate":  # generation is recorded when it is taken (`got`)
-                self.events.append((name, *args))
-            return (name, args)
-
-        return types.SimpleNamespace(remote=remote)
-
-
-class _Trainer:
-    def __init__(self, events):
-        self.events = events
-
-    def train(self, rollout_id, batch_refs):
-        self.events.append(("train", rollout_id))
-        return {"train/loss": 1.0}
-
-    def save(self, rollout_id):
-        self.events.append(("trainer.save", rollout_id))
-
-    def save_hf(self, path):
-        self.events.append(("trainer.save_hf", path))
-
-    def update_weights(self, version):
-        self.events.append(("update_weights", version))
-        return {"update_weights_time": 0.1}
-
-    def wake_up(self):
-        self.events.append(("trainer.wake_up",))
-
-    def sleep(self):
-        self.events.append(("trainer.sleep",))
-
-
-class _Tracker:
-    def __init__(self):
-        self.logged = {}
-
-    def log(self, step, metrics):
-        self.logged.setdefault(step, {}).update(metrics)
-
-    def rollout_done(self, step, metrics):
-        pass
-
-    def eval_line(self, step, metrics):
-        pass
-
-    def state(self):
-        return {"curves": {}}
-
-    def restore(self, state):
-        pass
 
 
 def _run(monkeypatch, trainer=None, **fields):
@@ -109,10 +20,10 @@ def _run(monkeypatch, trainer=None, **fields):
         {"rollout_batch_size": 1, "num_rollout": 3, "eval_prompt_data": ["demo", "/e.jsonl"], **fields}
     )
     events = []
-    _patch_ray(monkeypatch, _FakeRay(events))
+    patch_ray(monkeypatch, FakeRay(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.manager, run.tracker = cfg, _Actor(events), _Tracker()
-    run.trainer = _Trainer(events) if trainer is None else trainer(events)
+    run.cfg, run.manager, run.tracker = cfg, Actor(events), Tracker()
+    run.trainer = Trainer(events) if trainer is None else trainer(events)
     run.start_rollout_id, run.last_hf_export = 0, None
     run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
     run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
@@ -233,7 +144,7 @@ def test_a_run_killed_during_an_hf_export_has_not_committed_that_rollouts_checkp
     written. Now the resume starts at rollout 1 again and exports it.
     """
 
-    class KilledInExport(_Trainer):
+    class KilledInExport(Trainer):
         def __init__(self, events):
             super().__init__(events)
             KilledInExport.last_events = events
@@ -278,7 +189,7 @@ def test_two_saves_give_two_loadable_hf_exports_fsdp(monkeypatch, tmp_path, make
     backend.init(SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, **fields}), with_ref=False)
     norm = "model.norm.weight"  # ones at init; "training" adds the rollout id + 1 to it
 
-    class FSDPTrainer(_Trainer):
+    class FSDPTrainer(Trainer):
         def train(self, rollout_id, batch_refs):
             super().train(rollout_id, batch_refs)
             with torch.no_grad():
@@ -299,34 +210,6 @@ def test_two_saves_give_two_loadable_hf_exports_fsdp(monkeypatch, tmp_path, make
     for rollout_id, expected in ((1, 1.0 + 1 + 2), (2, 1.0 + 1 + 2 + 3)):
         model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / f"iter_{rollout_id}", dtype=torch.float32)
         assert torch.equal(model.get_parameter(norm), torch.full((64,), expected)), rollout_id
-
-
-class _BuildTrainer:
-    def __init__(self, events):
-        self.events = events
-
-    def preload(self, cfg):
-        self.events.append(("trainer.preload",))
-
-    def start_compile_warm_up(self, cfg, gated=False):
-        self.events.append(("trainer.start_compile_warm_up" + (" gated" if gated else ""),))
-
-    def release_compile_warm_up(self):
-        self.events.append(("trainer.release_compile_warm_up",))
-
-    def init(self, cfg):
-        self.events.append(("trainer.init",))
-        return 0
-
-
-def _unbuilt_run(monkeypatch, events, make_trainer):
-    """`loop`'s Ray, rollout manager and trainer factory faked, for `Run.build`: the trainer is `make_trainer()`."""
-    _patch_ray(monkeypatch, _FakeRay(events))
-    monkeypatch.setattr(
-        loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
-            remote=lambda *args: _Actor(events)))
-    )  # fmt: skip
-    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: make_trainer())
 
 
 @pytest.mark.parametrize(
@@ -350,7 +233,7 @@ def test_build_starts_the_compile_warm_up_before_init_and_never_while_colocated_
     """A warm-up on a GPU whose engine is measuring its free memory would shrink the engine's KV cache."""
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, **fields})
     events = []
-    _unbuilt_run(monkeypatch, events, lambda: _BuildTrainer(events))
+    unbuilt_run(monkeypatch, events, lambda: BuildTrainer(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
     run.cfg, run.placement = cfg, None
     assert run.build() == 0
@@ -403,9 +286,9 @@ def test_a_hung_rollout_state_save_ends_the_run_in_one_line(monkeypatch, tmp_pat
         "plugin_timeout_secs": 100, "rollout_timeout_secs": 1000, **fields,
     })  # fmt: skip
     fake_ray = _HungSaveRay()
-    _patch_ray(monkeypatch, fake_ray)
+    patch_ray(monkeypatch, fake_ray)
     run = loop.Run.__new__(loop.Run)
-    run.cfg, run.manager, run.trainer = cfg, _SaveManager(), _Trainer([])
+    run.cfg, run.manager, run.trainer = cfg, _SaveManager(), Trainer([])
     run.rollouts = loop.Rollouts(run.manager, 3, ahead=True, update_weights_interval=1)
     run.rollouts._pending = ("generate", (1,))  # rollout 1 is being generated while rollout 0 is saved
     with pytest.raises(SaveFailed) as err:
@@ -418,99 +301,7 @@ def test_a_hung_rollout_state_save_ends_the_run_in_one_line(monkeypatch, tmp_pat
     assert "no complete checkpoint there yet" in message
 
 
-class _ResumedTrainer(_BuildTrainer):
-    """A trainer whose `--load` checkpoint resumes at rollout `start` (0: none there)."""
-
-    def __init__(self, events, start):
-        super().__init__(events)
-        self.start = start
-
-    def init(self, cfg):
-        super().init(cfg)
-        self.cfg = cfg
-        return self.start
-
-
-@pytest.mark.parametrize(
-    ("trainer_start", "fields", "start", "cursor"),
-    [
-        (3, {"load": "/ckpt"}, 3, [("load", 2)]),  # the checkpoint's next rollout; the cursor saved with it
-        # --start-rollout-id: the cursor of the rollout before it, as the original (was the checkpoint's: 2).
-        (3, {"load": "/ckpt", "start_rollout_id": 5}, 5, [("load", 4)]),
-        (0, {"load": "/ckpt", "start_rollout_id": 5}, 5, [("load", 4)]),  # Megatron without a checkpoint: none read
-        (3, {"load": "/ckpt", "start_rollout_id": 0}, 0, []),  # from the start: the cursor at the beginning
-        (0, {}, 0, []),
-        # An eval-only run draws no prompt: no cursor is read (it warned that the cursor's prompt count differed).
-        (3, {"load": "/ckpt", "num_rollout": 0, "eval_interval": 1, "eval_prompt_data": ["a", "a.jsonl"]}, 3, []),
-    ],
-)
-def test_the_data_cursor_is_the_one_before_the_start_rollout(monkeypatch, trainer_start, fields, start, cursor):
-    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 8, **fields})
-    events = []
-    _unbuilt_run(monkeypatch, events, lambda: _ResumedTrainer(events, trainer_start))
-    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.placement = cfg, None
-    assert run.build() == start
-    assert [e for e in events if e[0] == "load"] == cursor
-
-
-class _PinningGroup(TrainGroup):
-    """The actor's `TrainGroup` without Ray: records the config its ranks' `init` gets."""
-
-    def __init__(self, events):
-        self.role, self.events, self.rank_cfgs, self.actors = "actor", events, [], []
-
-    def preload(self, cfg):
-        self.events.append(("trainer.preload",))
-
-    def _all(self, method, *args):
-        if method == "init":
-            self.rank_cfgs.append(args[0])
-        return [0]
-
-
-@pytest.mark.parametrize(("tracker", "ckpt_step", "pinned"), [("4\n", None, 4), ("4", 2, 2), ("release", None, None),
-                                                            (None, None, None)])  # fmt: skip
-def test_every_rank_loads_the_iteration_the_tracker_named_once(monkeypatch, tmp_path, tracker, ckpt_step, pinned):
-    # Issue 27: each rank read --load's tracker itself; a run saving into that folder meanwhile could make two ranks
-    # (or the actor and the PPO critic) load two iterations. The driver reads it once and passes --ckpt-step.
-    if tracker is not None:
-        (tmp_path / "latest_checkpointed_iteration.txt").write_text(tracker)
-    fields = {"rollout_batch_size": 1, "num_rollout": 8, "load": str(tmp_path), "ckpt_step": ckpt_step}
-    cfg = SlimeArgs.from_dict(fields)
-    events = []
-    trainer = _PinningGroup(events)
-    _unbuilt_run(monkeypatch, events, lambda: trainer)
-    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.placement = cfg, None
-    run.build()
-    assert [c.ckpt_step for c in trainer.rank_cfgs] == [pinned]
-    assert run.cfg.ckpt_step == ckpt_step  # the run's own config is unchanged
-
-
-@pytest.mark.parametrize(("fields", "origin"), [({"load": "/ckpt"}, "--load /ckpt"),
-                                                ({"start_rollout_id": 5}, "--start-rollout-id")])  # fmt: skip
-def test_a_run_whose_start_is_past_num_rollout_says_it_has_nothing_to_train(monkeypatch, caplog, fields, origin):
-    # Resumed after its last rollout, the run started Ray, the engines and the trainer, trained nothing and ended
-    # with no word (as the original).
-    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, **fields})
-    events = []
-    _patch_ray(monkeypatch, _FakeRay(events))
-    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.manager, run.tracker = cfg, _Actor(events), types.SimpleNamespace(start=lambda *a: None)
-    run.trainer = _Trainer(events)
-    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
-    monkeypatch.setattr(run, "build", lambda: 5, raising=False)
-    with caplog.at_level("WARNING", logger=loop.__name__):
-        run.run()
-    assert events == []  # no rollout, no train, no save
-    assert [r.getMessage() for r in caplog.records if r.name == loop.__name__] == [
-        f"nothing to train: the run starts at rollout 5 ({origin}) and --num-rollout is 3; raise --num-rollout to "
-        "train on"
-    ]
-
-
-class _GenerateLog(_Actor):
+class _GenerateLog(Actor):
     """The rollout manager, recording when each generation is started (not when it is taken)."""
 
     def __getattr__(self, name):
@@ -531,10 +322,10 @@ def test_async_saves_the_data_cursor_before_the_next_rollout_draws(monkeypatch):
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, "async_train": True, "save": "/ckpt",
                                "save_interval": 2})  # fmt: skip
     events = []
-    _patch_ray(monkeypatch, _FakeRay(events))
+    patch_ray(monkeypatch, FakeRay(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.manager, run.tracker = cfg, _GenerateLog(events), _Tracker()
-    run.trainer = _Trainer(events)
+    run.cfg, run.manager, run.tracker = cfg, _GenerateLog(events), Tracker()
+    run.trainer = Trainer(events)
     run.start_rollout_id, run.last_hf_export = 0, None
     run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
     run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
@@ -558,9 +349,9 @@ def test_eval_data_without_eval_interval_is_never_evaluated_as_in_the_original(m
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "eval_prompt_data": ["aime", "/a.jsonl"],
                                "debug_rollout_only": True, **fields})  # fmt: skip
     events = []
-    _patch_ray(monkeypatch, _FakeRay(events))
+    patch_ray(monkeypatch, FakeRay(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.manager, run.tracker = cfg, _Actor(events), _Tracker()
+    run.cfg, run.manager, run.tracker = cfg, Actor(events), Tracker()
     run.tracker.start = lambda *a: None
     run.trainer = None
     run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
@@ -578,11 +369,11 @@ def test_num_rollout_0_evaluates_the_loaded_model_once(monkeypatch, start, skip)
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 0, "eval_prompt_data": ["aime", "/a.jsonl"],
                                "eval_interval": 5, "skip_eval_before_train": skip})  # fmt: skip
     events = []
-    _patch_ray(monkeypatch, _FakeRay(events))
+    patch_ray(monkeypatch, FakeRay(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.manager, run.tracker = cfg, _Actor(events), _Tracker()
+    run.cfg, run.manager, run.tracker = cfg, Actor(events), Tracker()
     run.tracker.start = lambda *a: None
-    run.trainer = _Trainer(events)
+    run.trainer = Trainer(events)
     run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
     run.goodput, run.instability, run.last_hf_export = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg), None
     monkeypatch.setattr(run, "build", lambda: start, raising=False)
@@ -601,72 +392,3 @@ def test_a_train_only_run_skips_its_evals_as_the_original(monkeypatch, caplog):
     assert [e for e in events if e[0] == "train"] == [("train", 0), ("train", 1), ("train", 2)]
     said = "--eval-interval with --debug-train-only (or --load-debug-rollout-data): no engines run, so no eval runs"
     assert said in caplog.text
-
-
-class _TokenRay(_FakeRay):
-    """Each rollout generates 10 tokens and trains 4 (`goodput/tokens_*`, as the rollout manager reports them)."""
-
-    def get(self, ref, timeout=None):
-        out = super().get(ref, timeout)
-        if ref[0] == "generate":
-            return out[0], {**out[1], "goodput/tokens_generated": 10.0, "goodput/tokens_trained": 4.0}
-        return out
-
-
-def _run_from(monkeypatch, cfg, start):
-    """`Run.run` from rollout `start` (what `build` returned) over the fakes; returns `{rollout: logged metrics}`."""
-    events = []
-    _patch_ray(monkeypatch, _TokenRay(events))
-    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.manager, run.tracker = cfg, _Actor(events), _Tracker()
-    run.tracker.start = lambda *args: None
-    run.trainer, run.last_hf_export = _Trainer(events), None
-    run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
-    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
-    monkeypatch.setattr(run, "build", lambda: start, raising=False)
-    run.run()
-    return run.tracker.logged
-
-
-def test_cumulative_goodput_goes_on_across_a_resume(monkeypatch, tmp_path):
-    """`goodput/cum/*` of a resumed run count from the run's first rollout, as an uninterrupted run's do.
-
-    They restarted from zero at the resumed rollout (a drop in every cumulative curve, and an end-of-run report of
-    the resumed part only): the meter's totals were not kept with the checkpoint.
-    """
-    ckpt = tmp_path / "ckpt"
-    fields = {"rollout_batch_size": 1, "num_rollout": 4, "save": str(ckpt), "save_interval": 2}
-    straight = _run_from(monkeypatch, SlimeArgs.from_dict(fields), 0)
-    assert [straight[r]["goodput/cum/tokens_generated"] for r in range(4)] == [10.0, 20.0, 30.0, 40.0]
-    saved = json.loads(run_state_path(ckpt, 1).read_text())["goodput"]
-    assert saved["num_rollouts"] == 2 and saved["tokens"]["generated"] == 20.0 and saved["tokens"]["trained"] == 8.0
-    # Resumed from the checkpoint of rollout 1 (its tracker named it; `build` returns the next rollout).
-    resumed = _run_from(monkeypatch, SlimeArgs.from_dict({**fields, "load": str(ckpt)}), 2)
-    assert [resumed[r]["goodput/cum/tokens_generated"] for r in (2, 3)] == [30.0, 40.0]
-    assert resumed[3]["goodput/cum/trained_fraction"] == pytest.approx(0.4)
-
-
-@pytest.mark.parametrize(("start", "fields", "evals"), [
-    (2, {}, [("eval", 2), ("eval", 4)]),  # the eval after rollout 1 was due: run before rollout 2
-    (3, {}, [("eval", 4)]),  # none was due after rollout 2
-    (4, {}, [("eval", 4)]),  # after the last rollout: the final model's eval, and nothing to train
-    (2, {"start_rollout_id": 2}, [("eval", 4)]),  # not the weights of rollout 1
-])  # fmt: skip
-def test_a_resumed_run_evaluates_the_checkpoint_whose_eval_was_due(monkeypatch, tmp_path, start, fields, evals):
-    # The eval after a saved rollout runs after its save and weight sync: a run stopped in between committed the
-    # checkpoint, and the run resumed from it started at the next rollout, so that checkpoint never had its eval/*.
-    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 4, "eval_prompt_data": ["demo", "/e.jsonl"],
-                               "eval_interval": 2, "save": str(tmp_path), "load": str(tmp_path), **fields})  # fmt: skip
-    logged = _run_from(monkeypatch, cfg, start)
-    assert sorted(step for step, metrics in logged.items() if "eval/demo" in metrics) == [e[1] for e in evals]
-
-
-def test_the_run_state_of_a_checkpoint_holds_no_eval_after_it(monkeypatch, tmp_path):
-    # The resume runs that eval again (above): kept in the state as well, the curve and the reward-vs-eval rule had
-    # it twice.
-    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 4, "eval_prompt_data": ["demo", "/e.jsonl"],
-                               "eval_interval": 2, "save": str(tmp_path), "save_interval": 2})  # fmt: skip
-    logged = _run_from(monkeypatch, cfg, 0)
-    assert sorted(step for step, metrics in logged.items() if "eval/demo" in metrics) == [0, 2, 4]
-    state = json.loads(run_state_path(tmp_path, 1).read_text())
-    assert state["instability"]["last_eval"] == {"eval/demo": [0, 0.25]}  # the eval before training, not the one at 2

@@ -1,0 +1,126 @@
+"""Test doubles of the training loop (`slime_app.loop`): Ray, the rollout manager and the trainer, recording calls.
+
+Importable as module `slime_app_loop_fakes` (registered by this folder's conftest) by `test_loop.py` and
+`test_loop_resume.py`.
+"""
+
+import types
+
+from slime_app import loop, rollout_schedule
+
+__all__ = ["Actor", "BuildTrainer", "FakeRay", "Tracker", "Trainer", "patch_ray", "unbuilt_run"]
+
+
+def patch_ray(monkeypatch, fake) -> None:
+    """Puts `fake` in place of the driver's Ray: the loop's and its rollout schedule's (`Rollouts`)."""
+    for module in (loop, rollout_schedule):
+        monkeypatch.setattr(module, "ray", fake)
+
+
+class FakeRay:
+    """`ray.get` / `ray.wait` over the fake refs: a generate ref resolves to (no batches, its metrics)."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def get(self, ref, timeout=None):
+        kind, args = ref
+        if kind == "generate":
+            self.events.append(("got", *args))
+            return [], {"rollout/raw_reward": 0.5}
+        if kind == "eval":
+            return {"eval/demo": 0.25}
+        if kind == "start":
+            self.events.append(("engines up",))
+        return None
+
+    def wait(self, refs, num_returns):
+        self.events.extend(("waited", *args) for _, args in refs)
+
+
+class Actor:
+    """The rollout manager: every `method.remote(...)` is recorded and returns a fake ref."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def __getattr__(self, name):
+        def remote(*args):
+            if name != "generate":  # generation is recorded when it is taken (`got`)
+                self.events.append((name, *args))
+            return (name, args)
+
+        return types.SimpleNamespace(remote=remote)
+
+
+class Trainer:
+    def __init__(self, events):
+        self.events = events
+
+    def train(self, rollout_id, batch_refs):
+        self.events.append(("train", rollout_id))
+        return {"train/loss": 1.0}
+
+    def save(self, rollout_id):
+        self.events.append(("trainer.save", rollout_id))
+
+    def save_hf(self, path):
+        self.events.append(("trainer.save_hf", path))
+
+    def update_weights(self, version):
+        self.events.append(("update_weights", version))
+        return {"update_weights_time": 0.1}
+
+    def wake_up(self):
+        self.events.append(("trainer.wake_up",))
+
+    def sleep(self):
+        self.events.append(("trainer.sleep",))
+
+
+class Tracker:
+    def __init__(self):
+        self.logged = {}
+
+    def log(self, step, metrics):
+        self.logged.setdefault(step, {}).update(metrics)
+
+    def rollout_done(self, step, metrics):
+        pass
+
+    def eval_line(self, step, metrics):
+        pass
+
+    def state(self):
+        return {"curves": {}}
+
+    def restore(self, state):
+        pass
+
+
+class BuildTrainer:
+    def __init__(self, events):
+        self.events = events
+
+    def preload(self, cfg):
+        self.events.append(("trainer.preload",))
+
+    def start_compile_warm_up(self, cfg, gated=False):
+        self.events.append(("trainer.start_compile_warm_up" + (" gated" if gated else ""),))
+
+    def release_compile_warm_up(self):
+        self.events.append(("trainer.release_compile_warm_up",))
+
+    def init(self, cfg):
+        self.events.append(("trainer.init",))
+        return 0
+
+
+def unbuilt_run(monkeypatch, events, make_trainer):
+    """`loop`'s Ray, rollout manager and trainer factory faked, for `Run.build`: the trainer is `make_trainer()`."""
+    patch_ray(monkeypatch, FakeRay(events))
+    monkeypatch.setattr(
+        loop, "RolloutManager", types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(
+            remote=lambda *args: Actor(events)))
+    )  # fmt: skip
+    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: make_trainer())
