@@ -195,13 +195,13 @@ class GoodputMeter:
         Raises:
             KeyError, TypeError, ValueError: `state` is not what `state()` returns.
         """
-        tokens, seconds = dict(state["tokens"]), dict(state["time"])
-        num_rollouts, generation, reward = (
-            int(state["num_rollouts"]), float(state["generation_time"]), float(state["reward_time"])
-        )  # fmt: skip
-        totals = {k: float(tokens.get(k, 0.0)) for k in self.tokens}, {k: float(seconds.get(k, 0.0)) for k in self.time}
-        self.tokens, self.time = totals
-        self.num_rollouts, self.generation_time, self.reward_time = num_rollouts, generation, reward
+        # Everything is read before anything is set: a bad state leaves the meter as it was.
+        tokens = {k: float(dict(state["tokens"]).get(k, 0.0)) for k in self.tokens}
+        seconds = {k: float(dict(state["time"]).get(k, 0.0)) for k in self.time}
+        num_rollouts, generation = int(state["num_rollouts"]), float(state["generation_time"])
+        reward = float(state["reward_time"])
+        self.tokens, self.time, self.num_rollouts = tokens, seconds, num_rollouts
+        self.generation_time, self.reward_time = generation, reward
 
     def save(self, path: str) -> str:
         """Writes the cumulative metrics and the phase seconds as JSON; returns `path`."""
