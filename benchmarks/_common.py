@@ -140,6 +140,95 @@ def time_train(backend: Any, batch: Any, device: str, repeats: int) -> tuple[flo
     return warm_s, times, metrics, peak
 
 
+#: Chrome-trace categories of work on the device (kineto's names).
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def gap_attribution(events: list[dict[str, Any]], min_gap_us: float = 20.0, top: int = 30) -> dict[str, Any]:
+    """Where the host was while the device sat idle: GPU gaps attributed to the Python frames and CPU ops around them.
+
+    A gap is a stretch between merged device intervals (kernels, copies, memsets) of at least `min_gap_us`. Each
+    host event (`python_function`, `cpu_op`, `cuda_runtime`) is charged its overlap with the gaps: an inclusive
+    figure, so a frame's callers carry its time too (read the list as a call tree cut into lines).
+
+    Args:
+        events: `traceEvents` of a `torch.profiler` chrome trace (`ts`/`dur` in µs).
+        min_gap_us: shorter idle stretches (launch latency between back-to-back kernels) are not counted.
+        top: names kept per list.
+
+    Returns:
+        `gap_ms` (sum of the counted gaps), `gaps` (their number), `device_busy_ms`, and `python` / `cpu_op` /
+        `runtime`: `[name, inclusive gap ms]` lists, largest first.
+    """
+    import bisect
+
+    spans = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in _DEVICE_CATS
+    )
+    busy: list[list[float]] = []
+    for start, end in spans:
+        if busy and start <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], end)
+        else:
+            busy.append([start, end])
+    gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:], strict=False) if b[0] - a[1] >= min_gap_us]
+    starts = [g[0] for g in gaps]
+
+    def overlap(lo: float, hi: float) -> float:
+        i, total = max(bisect.bisect_right(starts, lo) - 1, 0), 0.0
+        while i < len(gaps) and gaps[i][0] < hi:
+            total += max(0.0, min(hi, gaps[i][1]) - max(lo, gaps[i][0]))
+            i += 1
+        return total
+
+    by_cat: dict[str, dict[str, float]] = {"python_function": {}, "cpu_op": {}, "cuda_runtime": {}}
+    for e in events:
+        table = by_cat.get(e.get("cat", ""))
+        if table is None or e.get("ph") != "X" or not gaps:
+            continue
+        ts = float(e["ts"])
+        charged = overlap(ts, ts + float(e.get("dur", 0.0)))
+        if charged > 0:
+            table[e["name"]] = table.get(e["name"], 0.0) + charged
+
+    def ranked(table: dict[str, float]) -> list[list[Any]]:
+        return [[name[:160], round(us / 1e3, 2)] for name, us in sorted(table.items(), key=lambda kv: -kv[1])[:top]]
+
+    return {
+        "gap_ms": round(sum(b - a for a, b in gaps) / 1e3, 2),
+        "gaps": len(gaps),
+        "device_busy_ms": round(sum(b - a for a, b in busy) / 1e3, 2),
+        "python": ranked(by_cat["python_function"]),
+        "cpu_op": ranked(by_cat["cpu_op"]),
+        "runtime": ranked(by_cat["cuda_runtime"]),
+    }
+
+
+def profile_gaps(fn: Callable[[], Any], top: int = 30) -> dict[str, Any]:
+    """Runs `fn` once under `torch.profiler` with Python stacks (CUDA) and attributes the GPU's idle gaps.
+
+    The Python tracer slows the host (every frame is recorded), so the gaps are larger than in a plain run: read
+    the shares, not the milliseconds. See `gap_attribution` for the fields; `wall_ms` is added.
+    """
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    sync("cuda")
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        fn()
+        sync("cuda")
+    wall_ms = (time.perf_counter() - start) * 1e3
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = pathlib.Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    return {"wall_ms": round(wall_ms, 2), **gap_attribution(events, top=top)}
+
+
 if __name__ == "__main__":
     # `python3 benchmarks/_common.py PRESET ROOT [DTYPE]` prints the checkpoint dir, writing it once (bench_e2e.sh).
     if len(sys.argv) not in (3, 4):

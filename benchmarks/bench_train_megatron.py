@@ -20,12 +20,14 @@ MFU = model FLOPs / median seconds / `--peak-tflops` (the `bench_matmul.py` rate
 Speed switches of issue 26 (all off by default; each a run flag, see `SWITCHES`): `head` = `--log-probs-head fused`,
 `adam` = `--use-torch-fused-adam`, `gradnorm` = `--use-foreach-grad-norm`, `fusions` = `--bias-swiglu-fusion
 --bias-dropout-fusion`, `compile` = `--megatron-compile-layers`; `all` = head, adam, gradnorm and compile; `eager_all` =
-head, adam and gradnorm (no compile warm-up). A single run
+head, adam and gradnorm (no compile warm-up); `paramcopy` (always on in runs) is the one-launch copy of the updated
+parameters into the model's (`base` runs megatron-core's loop, `defaults` a run without flags). A single run
 takes them as flags (`--log-probs-head`, `--megatron-extra="..."`). `--ab V1,V2,...` builds the backend once and
 times each variant in turn in the same process (one warm-up call per variant absorbs compilation), turning the
 switches on and off on the live backend exactly as the flags would set them at init; the JSON line then carries one
 entry per variant under `ab` (top-level numbers: the first variant's). `--profile` adds `_common.profile_summary` of
-one more train() (CUDA; per variant with `--ab`, those of `--profile-variants`).
+one more train() (CUDA; per variant with `--ab`, those of `--profile-variants`); `--profile-gaps` one more with
+Python stacks, attributing the GPU's idle gaps to host frames (`_common.profile_gaps`).
 
 `--device cpu` is a smoke mode (tiny presets; numbers meaningless): megatron-core's optimizer and pipeline
 schedule hard-code CUDA, so they are replaced by plain torch Adam on the DDP gradient buffers and a sequential
@@ -114,6 +116,12 @@ def _toggle_compile(backend, on: bool, device: str) -> None:
             layer._compiled_call_impl = None  # what nn.Module.compile set: back to the eager call
 
 
+def _toggle_paramcopy(backend, on: bool, device: str) -> None:
+    from slime_train_megatron.torch_optimizer import use_foreach_param_copy
+
+    use_foreach_param_copy(on)
+
+
 #: Issue 26's speed switches: name -> (the run flags, a toggle that sets on the live backend what they set at init).
 SWITCHES = {
     "head": ("--log-probs-head fused", _toggle_head),
@@ -121,6 +129,7 @@ SWITCHES = {
     "gradnorm": ("--use-foreach-grad-norm", _toggle_gradnorm),
     "fusions": ("--bias-swiglu-fusion --bias-dropout-fusion", _toggle_fusions),
     "compile": ("--megatron-compile-layers", _toggle_compile),
+    "paramcopy": ("", _toggle_paramcopy),  # no flag: always on in runs (one foreach copy of the updated parameters)
     "hostnorm": ("(bench only: megatron-core's host-read norm and clip)", _toggle_hostnorm),
 }
 #: `--ab` variants: the switches each turns on (the rest off).
@@ -128,12 +137,16 @@ SWITCHES = {
 #: `--use-foreach-grad-norm` did before 1f79974): `all` vs `all_hostnorm` in one process measures that read.
 #: `eager_all` is `all` without `compile`: whether the other three pay once the step has no host sync per micro-batch,
 #: without the compile warm-up (105.7 s on the H100 at 0f85a3c) every launch pays.
+#: `base` is megatron-core as it comes (its per-parameter copy loop too); `defaults` is a run without speed flags;
+#: `all_loopcopy` is `all` with megatron-core's copy loop: `all` vs `all_loopcopy` measures `paramcopy`.
 VARIANTS = {
     "base": (),
     **{name: (name,) for name in SWITCHES},
-    "all": ("head", "adam", "gradnorm", "compile"),
-    "eager_all": ("head", "adam", "gradnorm"),
-    "all_hostnorm": ("head", "adam", "gradnorm", "compile", "hostnorm"),
+    "defaults": ("paramcopy",),
+    "all": ("head", "adam", "gradnorm", "compile", "paramcopy"),
+    "all_loopcopy": ("head", "adam", "gradnorm", "compile"),
+    "eager_all": ("head", "adam", "gradnorm", "paramcopy"),
+    "all_hostnorm": ("head", "adam", "gradnorm", "compile", "paramcopy", "hostnorm"),
 }
 
 
@@ -170,7 +183,7 @@ def run_ab(backend, batch, a: argparse.Namespace, flops: dict) -> list[dict]:
         for switch in sorted(want if on_now is None else want - on_now):
             SWITCHES[switch][1](backend, True, a.device)
         on_now = want
-        flags = " ".join(SWITCHES[switch][0] for switch in sorted(want))
+        flags = " ".join(SWITCHES[switch][0] for switch in sorted(want) if SWITCHES[switch][0])
         try:
             warm_s, times, metrics, peak = _common.time_train(backend, batch, a.device, a.repeats)
         except Exception as e:  # a switch that breaks on this machine is a result too; the next variant runs
@@ -183,6 +196,8 @@ def run_ab(backend, batch, a: argparse.Namespace, flops: dict) -> list[dict]:
                  "peak_mem_gib": peak, "grad_norm": metrics.get("train/grad_norm")}  # fmt: skip
         if a.profile and a.device == "cuda" and name in profiled:
             entry["profile"] = _common.profile_summary(lambda: backend.train(0, batch))
+        if a.profile_gaps and a.device == "cuda" and name in profiled:
+            entry["gaps"] = _common.profile_gaps(lambda: backend.train(0, batch))
         out.append(entry)
         # On stderr as soon as it is known: a step cut by its timeout still shows the variants that finished.
         _common.logger.info("--ab %s: %.3f s per train(), MFU %.1f %%, grad norm %s", name, t, 100 * entry["mfu"],
@@ -273,6 +288,11 @@ def main(argv: list[str] | None = None) -> dict:
         action="store_true",
         help="also profile one more train() (CUDA): GPU busy vs wall time, kernels by category",
     )
+    p.add_argument(
+        "--profile-gaps",
+        action="store_true",
+        help="also profile one more train() with Python stacks (CUDA): the GPU's idle gaps by host frame and op",
+    )
     p.add_argument("--ab", default=None, help=f"variants timed in one process, comma-separated: {', '.join(VARIANTS)}")
     p.add_argument("--profile-variants", default=None, help="with --ab --profile: the variants profiled (default all)")
     a = p.parse_args(argv)
@@ -324,6 +344,8 @@ def main(argv: list[str] | None = None) -> dict:
             head = backend.head
             if a.profile and a.device == "cuda":
                 prof = {"profile": _common.profile_summary(lambda: backend.train(0, batch))}
+            if a.profile_gaps and a.device == "cuda":
+                prof["gaps"] = _common.profile_gaps(lambda: backend.train(0, batch))
         t = _common.median(times)
         tokens = batch.num_samples * a.seq_len
         n_params = sum(int(x.numel()) for x in backend.module.parameters())

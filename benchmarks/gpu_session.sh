@@ -41,7 +41,8 @@
 #                       (--megatron-compile-layers), all (head+adam+gradnorm+compile), eager_all (all but compile),
 #                       all_hostnorm (all with megatron-core's host-read grad norm: what the device norm saves);
 #                       1 warm-up + 2 timed train() each,
-#                       profiles of base and all; each variant's time is logged as it finishes. AB_VARIANTS=... picks
+#                       profiles of base and all (PROFILE_VARIANTS=...; PROFILE_GAPS=1 adds the idle-gap attribution by
+#                       host frame); each variant's time is logged as it finishes. AB_VARIANTS=... picks
 #                       others. Budget estimated from reading (~70 s imports, checkpoint and load, ~3 s a variant, ~70 s
 #                       of compile warm-ups, ~10 s of profiles), not yet measured; timeout 300
 #   swap            60  FSDP qwen3-0.6b train() + sleep()/wake_up() through pinned vs pageable host buffers
@@ -339,7 +340,8 @@ for step in "$@"; do
     train_megatron_1.7b_ab) run_step train_megatron_1.7b_ab 300 python3 "$HERE/bench_train_megatron.py" \
                               "${AB[@]}" --repeats 2 "${DEV[@]}" \
                               --ab "${AB_VARIANTS:-base,head,adam,gradnorm,fusions,compile,all,eager_all}" \
-                              --profile --profile-variants base,all --peak-tflops "$(peak_tflops)" ;;
+                              --profile --profile-variants "${PROFILE_VARIANTS:-base,all}" \
+                              ${PROFILE_GAPS:+--profile-gaps} --peak-tflops "$(peak_tflops)" ;;
     swap) run_step swap_0.6b 150 python3 "$HERE/bench_train_fsdp.py" --preset qwen3-0.6b --swap --repeats 2 \
             --peak-tflops "$(peak_tflops)" ;;
     train_megatron_4b) run_step train_megatron_4b 300 python3 "$HERE/bench_train_megatron.py" --preset qwen3-4b \

@@ -378,7 +378,8 @@ def test_megatron_all_hostnorm_variant_puts_megatron_cores_norm_back_under_the_f
         return 0.0, [1.0], {}, None
 
     monkeypatch.setattr(bench._common, "time_train", timed)
-    a = types.SimpleNamespace(ab="all_hostnorm,all,all_hostnorm,base", profile=False, profile_variants=None,
+    a = types.SimpleNamespace(ab="all_hostnorm,all,all_hostnorm,base", profile=False, profile_gaps=False,
+                              profile_variants=None,
                               device="cpu", repeats=1, peak_tflops=1.0)  # fmt: skip
     try:
         tp.use_foreach_grad_norm(True)  # the run's flags: --use-foreach-grad-norm
@@ -392,3 +393,30 @@ def test_megatron_all_hostnorm_variant_puts_megatron_cores_norm_back_under_the_f
         assert seen == [("foreach", "device")]
     finally:
         tp.use_foreach_grad_norm(False)
+
+
+def test_gap_attribution_charges_idle_device_time_to_the_host_frames_around_it():
+    """Kernels at 0–100 and 300–400 µs and a memcpy at 390–500 (merged), a 10 µs launch gap at 500–510, then a
+    kernel to 600: one counted gap (100–300). `step` spans it all, `copy_loop` covers 150–250 of it, and an op that
+    ran only while the device was busy is charged nothing."""
+    common = _load("_common")
+    ev = [
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 300, "dur": 100},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 390, "dur": 110},
+        {"ph": "X", "cat": "kernel", "name": "add", "ts": 510, "dur": 90},
+        {"ph": "X", "cat": "python_function", "name": "optimizer.py(1): step", "ts": 0, "dur": 600},
+        {"ph": "X", "cat": "python_function", "name": "optimizer.py(2): copy_loop", "ts": 150, "dur": 100},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 200, "dur": 200},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 20, "dur": 50},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 290, "dur": 5},
+        {"ph": "i", "cat": "python_function", "name": "instant", "ts": 120},
+    ]
+    out = common.gap_attribution(ev, min_gap_us=20.0)
+    assert out["gaps"] == 1 and out["gap_ms"] == 0.2
+    assert out["device_busy_ms"] == 0.59  # 0–100, 300–500, 510–600
+    assert out["python"] == [["optimizer.py(1): step", 0.2], ["optimizer.py(2): copy_loop", 0.1]]
+    assert out["cpu_op"] == [["aten::copy_", 0.1]]
+    assert out["runtime"] == [["cudaLaunchKernel", 0.005]]
+    assert common.gap_attribution(ev, min_gap_us=5.0)["gaps"] == 2
+    assert common.gap_attribution([], min_gap_us=5.0)["gap_ms"] == 0.0

@@ -195,3 +195,75 @@ def test_optimizer_step_leaves_a_device_norm_on_the_device_and_reads_a_float_nor
     assert trainer_parts.optimizer_step(_opt(2.0), _Sched()) == (2.0, 0.25)
     norm, _ = trainer_parts.optimizer_step(_opt(None), _Sched())
     assert norm != norm  # NaN: the optimizer reported none
+
+
+def test_foreach_copy_this_to_that_rounds_as_megatron_cores_loop():
+    src = _grads(4)
+    ours = [torch.empty(g.shape, dtype=torch.bfloat16) for g in src]
+    theirs = [torch.empty(g.shape, dtype=torch.bfloat16) for g in src]
+    overflow = torch.tensor([3], dtype=torch.int)
+    tp.foreach_copy_this_to_that(src, ours, overflow)
+    tp._MCORE["copy_this_to_that"](src, theirs)  # megatron-core's bf16 path: one copy_ per tensor
+    assert int(overflow) == 0  # zeroed as megatron-core's Apex path does
+    for a, b, s in zip(ours, theirs, src, strict=True):
+        assert torch.equal(a, b) and not torch.equal(a.float(), s)  # rounded to bf16, not left in fp32
+
+
+def _distrib_optimizer_state(seed: int):
+    """What `DistributedOptimizer._copy_main_params_to_model_params` reads, for one rank owning two buckets.
+
+    Two bf16 model parameters share bucket 0's flat param buffer at offsets 0 and 35 (with a 5-element pad
+    between, which must stay untouched), a third lives alone in bucket 1; the fp32 shards are the updated values.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.zeros(shape, dtype=torch.bfloat16)) for shape in ((6, 5), (4, 3), (7,))]
+    buckets = [types.SimpleNamespace(param_data=torch.full((52,), 9.0, dtype=torch.bfloat16)),
+               types.SimpleNamespace(param_data=torch.full((7,), 9.0, dtype=torch.bfloat16))]  # fmt: skip
+    places = {0: (0, 0, 30), 1: (0, 35, 47), 2: (1, 0, 7)}  # param -> (bucket, start, end)
+    gbuf_map = {p: (0, torch.bfloat16, places[i][0]) for i, p in enumerate(params)}
+    ranges = {p: {"gbuf_world_in_bucket": types.SimpleNamespace(start=places[i][1], end=places[i][2],
+                                                                size=places[i][2] - places[i][1])}
+              for i, p in enumerate(params)}  # fmt: skip
+    shards = [torch.randn(p.numel(), generator=gen) for p in params]
+    return types.SimpleNamespace(
+        is_stub_optimizer=False,
+        ddp_config=types.SimpleNamespace(use_megatron_fsdp=False),
+        config=types.SimpleNamespace(use_precision_aware_optimizer_no_fp8_or_ds_fp8=False),
+        shard_fp32_from_float16_groups=[shards[:2]],
+        model_float16_groups=[params[:2]],
+        shard_fp32_groups=[[shards[2]]],
+        model_fp32_groups=[[params[2]]],
+        model_param_gbuf_map=gbuf_map,
+        buffers=[types.SimpleNamespace(buckets=buckets)],
+        data_parallel_group=None,
+        _get_model_param_range_map=lambda p: ranges[p],
+        _get_fp8_params_and_shard_fp32_from_fp8=lambda: ([], [], []),
+    )
+
+
+def test_distributed_optimizer_param_copy_writes_what_megatron_cores_writes():
+    ours, theirs = _distrib_optimizer_state(5), _distrib_optimizer_state(5)
+    tp._distrib_copy_main_params_to_model_params(ours)
+    tp._MCORE["distrib_copy_main_to_model"](theirs)  # megatron-core's own method on the same state
+    for a, b in zip(ours.buffers[0].buckets, theirs.buffers[0].buckets, strict=True):
+        assert torch.equal(a.param_data, b.param_data)
+    flat = ours.buffers[0].buckets[0].param_data
+    assert torch.equal(flat[:30], ours.shard_fp32_from_float16_groups[0][0].bfloat16())
+    assert torch.equal(flat[30:35], torch.full((5,), 9.0, dtype=torch.bfloat16))  # the pad is not written
+
+
+def test_param_copy_switch_installs_and_restores_megatron_cores_copies():
+    from megatron.core.optimizer import distrib_optimizer, optimizer
+
+    try:
+        tp.use_foreach_param_copy(True)
+        assert optimizer._multi_tensor_copy_this_to_that is tp.foreach_copy_this_to_that
+        assert (distrib_optimizer.DistributedOptimizer._copy_main_params_to_model_params
+                is tp._distrib_copy_main_params_to_model_params)  # fmt: skip
+    finally:
+        tp.use_foreach_param_copy(False)
+    assert optimizer._multi_tensor_copy_this_to_that is tp._MCORE["copy_this_to_that"]
+    assert (
+        distrib_optimizer.DistributedOptimizer._copy_main_params_to_model_params
+        is tp._MCORE["distrib_copy_main_to_model"]
+    )

@@ -21,7 +21,13 @@ Without them (the GPU image has neither), megatron-core 0.16 falls back to (`meg
   other metrics after the last optimizer step (`slime_core.step_metrics`).
 
 Both act only on those fallbacks: with TE or Apex megatron-core already uses their fused kernels, and the switches
-log that they have nothing to do. The grad-norm one replaces module-level implementations of
+log that they have nothing to do.
+
+`use_foreach_param_copy` (always on: the same bytes, fewer launches) replaces the copy of the updated fp32 main
+parameters into the bf16 model parameters after each step: megatron-core runs it as one `copy_` per parameter in a
+Python loop (its distributed optimizer with a range-map lookup and a view per parameter; its non-distributed one
+falls back to that loop for bf16 even with Apex), ~310 launches per step on qwen3-1.7b; here one
+`torch._foreach_copy_` over all of them. The grad-norm one replaces module-level implementations of
 `megatron.core.optimizer.clip_grads` (the hooks megatron-core itself chooses among at import), so it holds for
 the whole process.
 """
@@ -34,14 +40,17 @@ from typing import Any
 import torch
 from megatron.core import utils as mcore_utils
 from megatron.core.optimizer import clip_grads
+from megatron.core.optimizer import distrib_optimizer as mcore_distrib_optimizer
 from megatron.core.optimizer import optimizer as mcore_optimizer
 
 __all__ = [
     "device_clip_grad_by_total_norm_fp32",
     "device_grad_norm_fp32",
     "foreach_l2_norm",
+    "foreach_copy_this_to_that",
     "foreach_scale",
     "use_foreach_grad_norm",
+    "use_foreach_param_copy",
     "use_torch_fused_adam",
 ]
 
@@ -49,9 +58,13 @@ logger = logging.getLogger(__name__)
 
 _LOCAL = {"l2_norm_impl": mcore_utils.local_multi_tensor_l2_norm, "multi_tensor_scale_impl":
           mcore_utils.local_multi_tensor_scale}  # fmt: skip
-#: megatron-core's own norm and clip, as its optimizer module imported them (`use_foreach_grad_norm(False)` restores).
-_MCORE = {"get_grad_norm_fp32": clip_grads.get_grad_norm_fp32,
-          "clip_grad_by_total_norm_fp32": clip_grads.clip_grad_by_total_norm_fp32}  # fmt: skip
+#: megatron-core's own norm, clip and parameter copies, as its optimizer modules hold them (the switches restore them).
+_MCORE = {
+    "get_grad_norm_fp32": clip_grads.get_grad_norm_fp32,
+    "clip_grad_by_total_norm_fp32": clip_grads.clip_grad_by_total_norm_fp32,
+    "copy_this_to_that": mcore_optimizer._multi_tensor_copy_this_to_that,
+    "distrib_copy_main_to_model": mcore_distrib_optimizer.DistributedOptimizer._copy_main_params_to_model_params,
+}
 
 
 def foreach_l2_norm(chunk_size: int, noop_flag: Any, tensor_lists: list[list[torch.Tensor]], per_tensor: bool, *args):
@@ -200,3 +213,58 @@ def use_torch_fused_adam(optimizer: Any, on: bool) -> int:
     if not switched:
         logger.info("--use-torch-fused-adam: megatron-core's optimizer is not torch's Adam (TE/Apex); unchanged")
     return switched
+
+
+def foreach_copy_this_to_that(
+    this: list[torch.Tensor], that: list[torch.Tensor], overflow_buf: torch.Tensor | None = None
+) -> None:
+    """megatron-core's `_multi_tensor_copy_this_to_that` as one multi-tensor copy: `that[i] = this[i]` (cast).
+
+    Args:
+        this: source tensors (fp32 main parameters, or model parameters when megatron-core initializes the main ones).
+        that: destinations of the same shapes, any float dtype (`copy_` semantics: round to the destination dtype).
+        overflow_buf: megatron-core's Apex overflow buffer (fp16); zeroed as megatron-core does, otherwise unused.
+    """
+    if overflow_buf is not None:
+        overflow_buf.fill_(0)
+    if this:
+        torch._foreach_copy_(that, this)
+
+
+def _distrib_copy_main_params_to_model_params(self: Any) -> None:
+    """`DistributedOptimizer._copy_main_params_to_model_params` with the per-parameter copies in one foreach call.
+
+    The cases it does not cover (megatron-FSDP, precision-aware optimizer, FP8 parameters) run megatron-core's own.
+    """
+    if self.is_stub_optimizer:
+        return
+    if self.ddp_config.use_megatron_fsdp or self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+        _MCORE["distrib_copy_main_to_model"](self)
+        return
+    pairs = ((self.shard_fp32_from_float16_groups, self.model_float16_groups),
+             (self.shard_fp32_groups, self.model_fp32_groups))  # fmt: skip
+    dst, src = [], []
+    for shard_main_groups, model_groups in pairs:
+        for shard_main_group, model_group in zip(shard_main_groups, model_groups, strict=True):
+            for shard_main_param, model_param in zip(shard_main_group, model_group, strict=True):
+                if mcore_distrib_optimizer.is_float8tensor(model_param):
+                    _MCORE["distrib_copy_main_to_model"](self)
+                    return
+                world_range = self._get_model_param_range_map(model_param)["gbuf_world_in_bucket"]
+                gbuf_index, _, bucket_id = self.model_param_gbuf_map[model_param]
+                buffer = self.buffers[gbuf_index].buckets[bucket_id].param_data
+                dst.append(buffer.view(-1)[world_range.start : world_range.end])
+                src.append(shard_main_param)
+    if src:
+        torch._foreach_copy_(dst, src)
+
+
+def use_foreach_param_copy(on: bool) -> None:
+    """Puts the multi-tensor main-to-model parameter copy in megatron-core's optimizers (`on`), or its own back.
+
+    Process-wide (module function and class method of megatron-core); the copied values are identical either way.
+    """
+    mcore_optimizer._multi_tensor_copy_this_to_that = foreach_copy_this_to_that if on else _MCORE["copy_this_to_that"]
+    mcore_distrib_optimizer.DistributedOptimizer._copy_main_params_to_model_params = (
+        _distrib_copy_main_params_to_model_params if on else _MCORE["distrib_copy_main_to_model"]
+    )

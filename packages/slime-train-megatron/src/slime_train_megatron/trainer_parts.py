@@ -36,7 +36,7 @@ from slime_train_megatron.model import (
 )
 from slime_train_megatron.settings import MegatronSettings
 from slime_train_megatron.sleep import host_buffers, offload_to_cpu, reload_from_cpu
-from slime_train_megatron.torch_optimizer import use_foreach_grad_norm, use_torch_fused_adam
+from slime_train_megatron.torch_optimizer import use_foreach_grad_norm, use_foreach_param_copy, use_torch_fused_adam
 
 __all__ = [
     "ParallelModel",
@@ -144,6 +144,7 @@ def build_optimizer(parts: ParallelModel, settings: MegatronSettings, cfg: Slime
         use_precision_aware_optimizer=s.use_precision_aware_optimizer,
     )
     optimizer = get_megatron_optimizer(opt_config, [parts.model])
+    use_foreach_param_copy(True)  # the same copies as megatron-core's, one launch instead of one per parameter
     if s.use_torch_fused_adam:
         use_torch_fused_adam(optimizer, True)
     if s.use_foreach_grad_norm:
