@@ -337,7 +337,7 @@ for step in "$@"; do
       run_step train_megatron_1.7b 250 python3 "$HERE/bench_train_megatron.py" --preset qwen3-1.7b --peak-tflops "$(peak_tflops)" ;;
     train_megatron_1.7b) run_step train_megatron_1.7b 250 python3 "$HERE/bench_train_megatron.py" --preset qwen3-1.7b \
                            --peak-tflops "$(peak_tflops)" ;;
-    train_megatron_1.7b_ab) run_step train_megatron_1.7b_ab 300 python3 "$HERE/bench_train_megatron.py" \
+    train_megatron_1.7b_ab) run_step train_megatron_1.7b_ab "${AB_LIMIT_S:-300}" python3 "$HERE/bench_train_megatron.py" \
                               "${AB[@]}" --repeats 2 "${DEV[@]}" \
                               --ab "${AB_VARIANTS:-base,head,adam,gradnorm,fusions,compile,all,eager_all}" \
                               --profile --profile-variants "${PROFILE_VARIANTS:-base,all}" \
