@@ -148,8 +148,9 @@ def gap_attribution(events: list[dict[str, Any]], min_gap_us: float = 20.0, top:
     """Where the host was while the device sat idle: GPU gaps attributed to the Python frames and CPU ops around them.
 
     A gap is a stretch between merged device intervals (kernels, copies, memsets) of at least `min_gap_us`. Each
-    host event (`python_function`, `cpu_op`, `cuda_runtime`) is charged its overlap with the gaps: an inclusive
-    figure, so a frame's callers carry its time too (read the list as a call tree cut into lines).
+    host event is charged its overlap with the gaps: an inclusive figure, so a frame's callers carry its time too
+    (read the list as a call tree cut into lines). Python frames are those of the thread that ran the most Python
+    (the training loop; backward's ops run on autograd's thread and show under `cpu_op`), clipped to their callers.
 
     Args:
         events: `traceEvents` of a `torch.profiler` chrome trace (`ts`/`dur` in µs).
@@ -186,12 +187,16 @@ def gap_attribution(events: list[dict[str, Any]], min_gap_us: float = 20.0, top:
     by_cat: dict[str, dict[str, float]] = {"python_function": {}, "cpu_op": {}, "cuda_runtime": {}}
     for e in events:
         table = by_cat.get(e.get("cat", ""))
-        if table is None or e.get("ph") != "X" or not gaps:
+        if table is None or e.get("ph") != "X" or not gaps or e.get("cat") == "python_function":
             continue
         ts = float(e["ts"])
         charged = overlap(ts, ts + float(e.get("dur", 0.0)))
         if charged > 0:
             table[e["name"]] = table.get(e["name"], 0.0) + charged
+    for name, lo, hi in _main_thread_frames(events):
+        charged = overlap(lo, hi) if gaps else 0.0
+        if charged > 0:
+            by_cat["python_function"][name] = by_cat["python_function"].get(name, 0.0) + charged
 
     def ranked(table: dict[str, float]) -> list[list[Any]]:
         return [[name[:160], round(us / 1e3, 2)] for name, us in sorted(table.items(), key=lambda kv: -kv[1])[:top]]
@@ -204,6 +209,33 @@ def gap_attribution(events: list[dict[str, Any]], min_gap_us: float = 20.0, top:
         "cpu_op": ranked(by_cat["cpu_op"]),
         "runtime": ranked(by_cat["cuda_runtime"]),
     }
+
+
+def _main_thread_frames(events: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
+    """`(name, start, end)` of the Python frames of the thread that ran the most Python, each clipped to its caller.
+
+    The Python tracer leaves some C calls open (their end is the profile's end); clipping every frame to the one it
+    started in keeps the list a call tree, so no frame is charged time outside its caller's.
+    """
+    frames = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"]
+    if not frames:
+        return []
+    per_tid: dict[Any, float] = {}
+    for e in frames:
+        per_tid[e.get("tid")] = per_tid.get(e.get("tid"), 0.0) + float(e.get("dur", 0.0))
+    main = max(per_tid, key=per_tid.__getitem__)
+    ordered = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"]) for e in frames if e.get("tid") == main
+    )
+    out, ends = [], []  # ends: the open callers' (clipped) ends
+    for lo, hi, name in sorted(ordered, key=lambda f: (f[0], -(f[1] - f[0]))):
+        while ends and ends[-1] <= lo:
+            ends.pop()
+        if ends:
+            hi = min(hi, ends[-1])
+        out.append((name, lo, hi))
+        ends.append(hi)
+    return out
 
 
 def profile_gaps(fn: Callable[[], Any], top: int = 30) -> dict[str, Any]:

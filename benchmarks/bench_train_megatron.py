@@ -17,7 +17,8 @@ one `train()` = the old-log-prob forward + `steps_per_rollout` optimizer steps o
 micro-batches of `tokens_per_mb // seq_len` sequences; one warm-up call, then the median of `--repeats`.
 MFU = model FLOPs / median seconds / `--peak-tflops` (the `bench_matmul.py` rate of the same session).
 
-Speed switches of issue 26 (all off by default; each a run flag, see `SWITCHES`): `head` = `--log-probs-head fused`,
+Speed switches of issue 26 (each a run flag, see `SWITCHES`; `adam` and `gradnorm` are on by default since 2026-12-06,
+the others off; `--ab` variants set every switch whatever the defaults): `head` = `--log-probs-head fused`,
 `adam` = `--use-torch-fused-adam`, `gradnorm` = `--use-foreach-grad-norm`, `fusions` = `--bias-swiglu-fusion
 --bias-dropout-fusion`, `compile` = `--megatron-compile-layers`; `all` = head, adam, gradnorm and compile; `eager_all` =
 head, adam and gradnorm (no compile warm-up); `paramcopy` (always on in runs) is the one-launch copy of the updated
@@ -110,7 +111,9 @@ def _toggle_compile(backend, on: bool, device: str) -> None:
     from slime_train_megatron.model import compile_decoder_layers
 
     if on:  # CPU smoke mode: dynamo's graphs without inductor's C++ build
-        compile_decoder_layers(backend.module, backend="inductor" if device == "cuda" else "aot_eager")
+        # BENCH_CPU_INDUCTOR=1: inductor's C++ code on CPU too (slower; what CUDA runs, minus Triton)
+        inductor = device == "cuda" or os.environ.get("BENCH_CPU_INDUCTOR")
+        compile_decoder_layers(backend.module, backend="inductor" if inductor else "aot_eager")
     else:
         for layer in backend.module.decoder.layers:
             layer._compiled_call_impl = None  # what nn.Module.compile set: back to the eager call
@@ -184,6 +187,8 @@ def run_ab(backend, batch, a: argparse.Namespace, flops: dict) -> list[dict]:
             SWITCHES[switch][1](backend, True, a.device)
         on_now = want
         flags = " ".join(SWITCHES[switch][0] for switch in sorted(want) if SWITCHES[switch][0])
+        _common.logger.info("--ab %s: switches set (%s); 1 warm-up + %d timed train()", name, flags or "none",
+                            a.repeats)  # fmt: skip
         try:
             warm_s, times, metrics, peak = _common.time_train(backend, batch, a.device, a.repeats)
         except Exception as e:  # a switch that breaks on this machine is a result too; the next variant runs
@@ -194,14 +199,15 @@ def run_ab(backend, batch, a: argparse.Namespace, flops: dict) -> list[dict]:
         entry = {"variant": name, "flags": flags, "train_s_median": t, "train_s_all": times, "warmup_s": warm_s,
                  "mfu": flops["total"] / t / 1e12 / a.peak_tflops, "achieved_tflops": flops["total"] / t / 1e12,
                  "peak_mem_gib": peak, "grad_norm": metrics.get("train/grad_norm")}  # fmt: skip
+        # On stderr as soon as it is known, before the profiles: a step cut by its timeout still shows the times.
+        _common.logger.info("--ab %s: %.3f s per train() (warm-up %.1f s), MFU %.1f %%, grad norm %s", name, t, warm_s,
+                            100 * entry["mfu"], entry["grad_norm"])  # fmt: skip
         if a.profile and a.device == "cuda" and name in profiled:
             entry["profile"] = _common.profile_summary(lambda: backend.train(0, batch))
         if a.profile_gaps and a.device == "cuda" and name in profiled:
+            _common.logger.info("--ab %s: profiling with Python stacks (the gap attribution)", name)
             entry["gaps"] = _common.profile_gaps(lambda: backend.train(0, batch))
         out.append(entry)
-        # On stderr as soon as it is known: a step cut by its timeout still shows the variants that finished.
-        _common.logger.info("--ab %s: %.3f s per train(), MFU %.1f %%, grad norm %s", name, t, 100 * entry["mfu"],
-                            entry["grad_norm"])  # fmt: skip
     base = next((e for e in out if e["variant"] == variants[0] and "error" not in e), None)
     for e in out:
         if base is not None and "error" not in e:

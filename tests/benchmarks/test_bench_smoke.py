@@ -409,14 +409,32 @@ def test_gap_attribution_charges_idle_device_time_to_the_host_frames_around_it()
         {"ph": "X", "cat": "python_function", "name": "optimizer.py(2): copy_loop", "ts": 150, "dur": 100},
         {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 200, "dur": 200},
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 20, "dur": 50},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 290, "dur": 5},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 280, "dur": 10},
         {"ph": "i", "cat": "python_function", "name": "instant", "ts": 120},
     ]
     out = common.gap_attribution(ev, min_gap_us=20.0)
     assert out["gaps"] == 1 and out["gap_ms"] == 0.2
-    assert out["device_busy_ms"] == 0.59  # 0–100, 300–500, 510–600
+    assert out["device_busy_ms"] == 0.39  # 0–100, 300–500, 510–600
     assert out["python"] == [["optimizer.py(1): step", 0.2], ["optimizer.py(2): copy_loop", 0.1]]
     assert out["cpu_op"] == [["aten::copy_", 0.1]]
-    assert out["runtime"] == [["cudaLaunchKernel", 0.005]]
+    assert out["runtime"] == [["cudaLaunchKernel", 0.01]]
     assert common.gap_attribution(ev, min_gap_us=5.0)["gaps"] == 2
     assert common.gap_attribution([], min_gap_us=5.0)["gap_ms"] == 0.0
+
+
+def test_gap_attribution_keeps_python_frames_of_the_main_thread_inside_their_callers():
+    """A C call the tracer left open (its end past its caller's) is clipped to the caller; another thread's frames
+    (a compile worker's reader) are not charged."""
+    common = _load("_common")
+    ev = [
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 300, "dur": 100},
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 700, "dur": 100},
+        {"ph": "X", "cat": "python_function", "tid": 1, "name": "main", "ts": 0, "dur": 800},
+        {"ph": "X", "cat": "python_function", "tid": 1, "name": "fwd", "ts": 90, "dur": 160},
+        {"ph": "X", "cat": "python_function", "tid": 1, "name": "<built-in method op>", "ts": 200, "dur": 600},
+        {"ph": "X", "cat": "python_function", "tid": 2, "name": "reader", "ts": 0, "dur": 700},
+    ]
+    out = common.gap_attribution(ev, min_gap_us=20.0)
+    assert out["gap_ms"] == 0.5  # 100–300 and 400–700
+    assert out["python"] == [["main", 0.5], ["fwd", 0.15], ["<built-in method op>", 0.05]]

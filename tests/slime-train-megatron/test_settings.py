@@ -39,7 +39,27 @@ def test_every_flag_the_table_marks_read_is_a_settings_field():
 
     read = {flag for flag, rule in MEGATRON_FLAG_RULES.items() if rule.megatron == "read"}
     fields = {"--" + name.replace("_", "-") for name in MegatronSettings.model_fields}
-    assert read - fields == set()
+    switches = {"--no-" + name.replace("_", "-") for name, f in MegatronSettings.model_fields.items()
+                if f.annotation is bool and f.default is True}  # fmt: skip
+    assert read - fields - switches == set()
+
+
+def test_the_optimizer_speed_switches_are_on_by_default_and_their_no_forms_reach_the_settings():
+    """megatron-core's fallbacks without TE/Apex run fused (as it does with them) unless the `--no-` form is given;
+    the top-level parser passes the `--no-` forms to Megatron and refuses them for FSDP (which cannot honour them)."""
+    from slime_core.config import parse_args
+    from slime_core.config.base import ConfigError
+
+    s = MegatronSettings.from_config(_CONFIG)
+    assert s.use_torch_fused_adam and s.use_foreach_grad_norm and s.use_distributed_optimizer
+    off = ["--no-use-torch-fused-adam", "--no-use-foreach-grad-norm", "--no-use-distributed-optimizer"]
+    s = MegatronSettings.from_config(_CONFIG.model_copy(update={"megatron_args": off}))
+    assert not (s.use_torch_fused_adam or s.use_foreach_grad_norm or s.use_distributed_optimizer)
+    args = parse_args(["--train-backend", "megatron", "--rollout-batch-size", "1", "--num-rollout", "1", *off])
+    assert args.megatron_args == off
+    with pytest.raises(ConfigError, match="--no-use-torch-fused-adam.*always torch's fused kernel"):
+        parse_args(["--train-backend", "fsdp", "--rollout-batch-size", "1", "--num-rollout", "1",
+                    "--no-use-torch-fused-adam"])  # fmt: skip
 
 
 def test_the_original_scripts_megatron_flags_reach_the_settings():

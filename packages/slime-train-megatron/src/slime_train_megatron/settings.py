@@ -88,9 +88,9 @@ class MegatronSettings(BaseModel):
         False, description="Megatron's precision-aware optimizer (needs Transformer Engine's FusedAdam)."
     )
     use_torch_fused_adam: bool = Field(
-        False,
+        True,
         description="slime: torch's fused AdamW kernel where megatron-core falls back to torch's AdamW (no TE/Apex); "
-        "torch_optimizer.py.",
+        "torch_optimizer.py. On by default; --no-use-torch-fused-adam keeps torch's foreach AdamW.",
     )
     bias_swiglu_fusion: bool = Field(
         False,
@@ -108,9 +108,10 @@ class MegatronSettings(BaseModel):
         "twin of --fsdp-compile-layers): fuses the local spec's norms, RoPE, SwiGLU and residual adds.",
     )
     use_foreach_grad_norm: bool = Field(
-        False,
+        True,
         description="slime: multi-tensor grad norm and clipping without a host copy per parameter where megatron-core "
-        "falls back to its local implementations (no TE/Apex); torch_optimizer.py.",
+        "falls back to its local implementations (no TE/Apex); torch_optimizer.py. On by default; "
+        "--no-use-foreach-grad-norm keeps megatron-core's per-parameter norm.",
     )
     attention_softmax_in_fp32: bool = Field(False, description="Unfused attention softmax in fp32.")
     moe_aux_loss_coeff: float | None = Field(None, ge=0, description="Router loss weight (None: config.json's).")
@@ -260,10 +261,9 @@ def _parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, dest=name, action="store_const", const=True, default=None)
         else:
             parser.add_argument(flag, dest=name, default=None)
-    # Megatron-LM's negative spelling of a default slime forces on.
-    parser.add_argument(
-        "--no-use-distributed-optimizer", dest="use_distributed_optimizer", action="store_const", const=False
-    )
+    # Negative spellings of defaults slime turns on (Megatron-LM's for the distributed optimizer).
+    for name in ("use_distributed_optimizer", "use_torch_fused_adam", "use_foreach_grad_norm"):
+        parser.add_argument("--no-" + name.replace("_", "-"), dest=name, action="store_const", const=False)
     return parser
 
 

@@ -108,8 +108,8 @@ def build_parallel_model(
 def build_optimizer(parts: ParallelModel, settings: MegatronSettings, cfg: SlimeArgs) -> tuple[Any, Any]:
     """The distributed Adam and the LR schedule; installs the model-config hooks megatron-core's schedule calls.
 
-    `--use-torch-fused-adam` / `--use-foreach-grad-norm` speed up megatron-core's fallbacks without TE/Apex
-    (`torch_optimizer.py`).
+    `--use-torch-fused-adam` / `--use-foreach-grad-norm` (on by default) and the foreach parameter copy (always)
+    speed up megatron-core's fallbacks without TE/Apex (`torch_optimizer.py`).
 
     Returns:
         `(optimizer, scheduler)`.

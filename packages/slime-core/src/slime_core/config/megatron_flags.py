@@ -102,6 +102,7 @@ MEGATRON_FLAG_RULES.update({
     "--allgather-cp": FlagRule("error", "error", "context parallelism is the ring (Megatron) or all-to-all (FSDP); "
                                "drop it"),
     "--use-distributed-optimizer": FlagRule("read", "same", "FSDP always shards optimizer states"),
+    "--no-use-distributed-optimizer": _fsdp_error("FSDP always shards optimizer states"),
     "--overlap-grad-reduce": _kernel(),
     "--overlap-param-gather": _kernel(),
     "--tp-comm-overlap": _kernel(),
@@ -203,10 +204,13 @@ MEGATRON_FLAG_RULES.update({
     # -- slime's own Megatron-only flags ----------------------------------------------------------------------
     "--megatron-to-hf-mode": FlagRule("error", "error", "HF names come from slime-convert's mapping tables"),
     # Without Transformer Engine or Apex megatron-core falls back to torch's AdamW and a per-parameter grad norm
-    # (slime_train_megatron.torch_optimizer); these make those fallbacks fast. FSDP's AdamW is fused on CUDA and its
-    # grad norm is torch's multi-tensor one.
+    # (slime_train_megatron.torch_optimizer); these make those fallbacks fast, and are on by default (megatron-core
+    # with Apex or TE runs fused kernels there too); the `--no-` forms turn them off. FSDP's AdamW is fused on CUDA
+    # and its grad norm is torch's multi-tensor one, whatever is asked.
     "--use-torch-fused-adam": FlagRule("read", "same", "FSDP's AdamW is torch's fused kernel on CUDA"),
     "--use-foreach-grad-norm": FlagRule("read", "same", "FSDP's grad norm and clipping are torch's multi-tensor ones"),
+    "--no-use-torch-fused-adam": _fsdp_error("FSDP's AdamW is always torch's fused kernel on CUDA"),
+    "--no-use-foreach-grad-norm": _fsdp_error("FSDP's grad norm and clipping are always torch's multi-tensor ones"),
     "--freeze-indexer": FlagRule("error", "error", "use --freeze-params-name-list"),
     "--enable-mtp-training": FlagRule("error", "error", "multi-token-prediction layers are not trained"),
     "--mtp-loss-scaling-factor": FlagRule("error", "error", "multi-token-prediction layers are not trained"),
