@@ -266,10 +266,12 @@ def model_flag_mismatches(meta: dict[str, Any], model_flags: dict[str, Any]) -> 
 
 
 def model_flags_of(cfg: Any) -> dict[str, Any]:
-    """The flags that decide which parameters the FSDP model has (LoRA adapters or not, and on which modules)."""
+    """The flags that decide the FSDP model's parameters and what they compute (LoRA or not, its modules and scale)."""
     if not cfg.lora_rank:
         return {"--lora-rank": 0}
-    return {"--lora-rank": cfg.lora_rank, "--lora-target-modules": sorted(cfg.lora_target_modules)}
+    # alpha scales the saved adapter: resumed under another value, the model would silently be another one.
+    return {"--lora-rank": cfg.lora_rank, "--lora-alpha": float(cfg.lora_alpha),
+            "--lora-target-modules": sorted(cfg.lora_target_modules)}  # fmt: skip
 
 
 def load_checkpoint(
