@@ -32,7 +32,14 @@ from torch.distributed.tensor import DTensor
 from slime_core.config import SlimeArgs
 from slime_core.config.training import LORA_TARGET_MODULES
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in
-from slime_core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX, adapter_config, scaling
+from slime_core.lora import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    PEFT_PREFIX,
+    TOKENIZER_FILE_PREFIXES,
+    adapter_config,
+    scaling,
+)
 from slime_core.safetensors_io import save_safetensors
 
 __all__ = [
@@ -230,7 +237,7 @@ def save_adapter(model: nn.Module, cfg: SlimeArgs, path: str | pathlib.Path) -> 
         config = adapter_config(cfg, base_model=os.path.abspath(cfg.hf_checkpoint))
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
         for f in pathlib.Path(cfg.hf_checkpoint).iterdir():
-            if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges"))):
+            if f.is_file() and f.name.startswith(TOKENIZER_FILE_PREFIXES):
                 shutil.copy2(f, tmp / f.name)
         swap_in(tmp, out, flag="--save-hf")  # rename swap: a crash leaves the old or the new export, never none
         logger.info("exported LoRA adapter (%d tensors) to %s", len(tensors), out)
