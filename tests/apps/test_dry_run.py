@@ -370,6 +370,34 @@ def test_a_resume_with_other_lora_flags_is_refused_before_the_run(model, tmp_pat
     assert check_checkpoints(cfg("--lora-rank", "4", "--lora-target-modules", "v_proj", "q_proj", "--no-load-optim"))
 
 
+def test_a_resume_with_another_lora_alpha_is_refused_before_the_run(model, tmp_path):
+    # alpha / r scales the saved adapter: resumed under another --lora-alpha the run went on silently with another
+    # model (trainer and engines agreeing on it), its first step's ratios against log-probs of a policy never trained.
+    from slime_train_fsdp.checkpoint import model_flags_of
+
+    def cfg(*extra):
+        return parse_args(["--rollout-batch-size", "1", "--num-rollout", "2", "--hf-checkpoint", str(model),
+                           "--train-backend", "fsdp", "--load", str(fsdp), "--lora-rank", "4", "--no-load-optim",
+                           *extra])  # fmt: skip
+
+    fsdp = tmp_path / "fsdp"
+    (fsdp / "iter_0000001").mkdir(parents=True)
+    (fsdp / "latest_checkpointed_iteration.txt").write_text("1")
+    meta = {"next_rollout_id": 1, "model_flags": model_flags_of(cfg("--lora-alpha", "32"))}
+    (fsdp / "iter_0000001" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(cfg("--lora-alpha", "16"))
+    assert str(e.value) == (
+        f"--load {fsdp}: iter_0000001 was saved by a run whose model had other parameters (--lora-alpha 32.0 saved vs "
+        "16.0 here); resume with the saved run's flags"
+    )
+    assert check_checkpoints(cfg("--lora-alpha", "32"))
+    # A checkpoint of a version that did not record alpha resumes as before.
+    del meta["model_flags"]["--lora-alpha"]
+    (fsdp / "iter_0000001" / "meta.json").write_text(json.dumps(meta))
+    assert check_checkpoints(cfg("--lora-alpha", "16"))
+
+
 def test_a_checkpoint_saved_without_optimizer_state_needs_no_load_optim(model, tmp_path):
     # Issue 27: a --no-save-optim checkpoint resumed without --no-load-optim went on silently with a fresh Adam and
     # a learning-rate schedule restarting its warm-up; the original stops on it.

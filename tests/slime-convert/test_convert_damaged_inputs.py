@@ -207,11 +207,13 @@ def test_fsdp_to_hf_refuses_another_model_and_a_lora_checkpoint(tiny_hf_model, t
     assert main([*argv, "--origin-hf-dir", str(llama_dir)]) == 2
     assert f"{tmp_path / 'save' / 'iter_0000001' / 'model_and_optim'}: does not hold {llama_dir}'s model" in caplog.text
     assert not (tmp_path / "h").exists()
+    # A LoRA checkpoint of a version that did not record --lora-alpha: its adapter's scale is unknown.
     flags = {"--lora-rank": 8, "--lora-target-modules": ["q_proj"]}  # slime_train_fsdp.checkpoint.model_flags_of
     _fsdp_save(model, tmp_path / "lora" / "iter_0000001", meta={"model_flags": flags})
     argv[2] = str(tmp_path / "lora")
     assert main([*argv, "--origin-hf-dir", str(hf_dir)]) == 2
-    assert "a LoRA run's checkpoint (--lora-rank 8)" in caplog.text and not (tmp_path / "h").exists()
+    assert "a LoRA checkpoint whose meta.json does not record --lora-alpha" in caplog.text
+    assert not (tmp_path / "h").exists()
     assert main([*argv[:2], str(hf_dir), *argv[3:], "--origin-hf-dir", str(hf_dir)]) == 2
     assert f"{hf_dir}: not an FSDP checkpoint (no model_and_optim/.metadata" in caplog.text
 
@@ -252,3 +254,65 @@ def test_without_an_index_a_tensor_in_two_files_is_refused(tmp_path, caplog):
         f"{model}: tensor 'model.norm.weight' is in both model.safetensors and old-model.safetensors, and there is "
         "no model.safetensors.index.json to say which one the checkpoint holds"
     )
+
+
+def _lora_save(model, iteration, flags, *, rank=4, targets=("q_proj", "v_proj")):
+    """A LoRA run's checkpoint as the FSDP trainer writes it: peft's `inject_adapter_in_model` (adapter `default`)
+    on the HF model, the adapters alone in `model_and_optim` (B drawn non-zero: a trained adapter); returns the
+    adapted model."""
+    import copy
+
+    import torch.distributed.checkpoint as dcp
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(r=rank, lora_alpha=8.0, target_modules=list(targets))
+    lora = inject_adapter_in_model(config, copy.deepcopy(model))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.5)
+    adapters = {k: v for k, v in lora.state_dict().items() if ".lora_A." in k or ".lora_B." in k}
+    dcp.save({"model": adapters}, checkpoint_id=str(iteration / "model_and_optim"), no_dist=True)
+    (iteration / "meta.json").write_text(json.dumps({"next_rollout_id": 1, "model_flags": flags}))
+    (iteration.parent / "latest_checkpointed_iteration.txt").write_text("1")
+    return lora.eval()
+
+
+def test_fsdp_to_hf_exports_a_lora_checkpoint_as_the_peft_adapter_peft_loads(tiny_hf_model, tmp_path):
+    # A LoRA run's checkpoint was refused ("its adapter is exported by the run's --save-hf"): a run that died before
+    # its --save-hf had no way to its adapter but resuming it.
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model, hf_dir = tiny_hf_model("qwen3")
+    flags = {"--lora-rank": 4, "--lora-alpha": 8.0, "--lora-target-modules": ["q_proj", "v_proj"]}
+    trained = _lora_save(model, tmp_path / "save" / "iter_0000001", flags)
+    argv = ["fsdp-to-hf", "--input-dir", str(tmp_path / "save"), "--origin-hf-dir", str(hf_dir), "--no-progress"]
+    assert main([*argv, "--output-dir", str(tmp_path / "peft")]) == 0
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 8.0, ["q_proj", "v_proj"])
+    base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    served = PeftModel.from_pretrained(base, str(tmp_path / "peft")).eval()
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    with torch.no_grad():
+        expected, got, plain = trained(ids).logits, served(ids).logits, model(ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)  # fp32: the same adapter at the same scale
+    assert (expected - plain).abs().max() > 1e-2  # and the adapter does change the model
+
+
+def test_fsdp_to_hf_refuses_an_adapter_that_does_not_fit_its_flags_or_origin(tiny_hf_model, tmp_path, caplog):
+    model, hf_dir = tiny_hf_model("qwen3")
+    flags = {"--lora-rank": 8, "--lora-alpha": 8.0, "--lora-target-modules": ["q_proj", "v_proj"]}
+    _lora_save(model, tmp_path / "save" / "iter_0000001", flags)  # rank 4 saved, 8 recorded
+    argv = ["fsdp-to-hf", "--input-dir", str(tmp_path / "save"), "--output-dir", str(tmp_path / "p"), "--no-progress"]
+    assert main([*argv, "--origin-hf-dir", str(hf_dir)]) == 2
+    assert (f"{tmp_path / 'save' / 'iter_0000001'}: not an adapter of --lora-rank 8 on {hf_dir}: "
+            "model.layers.0.self_attn.q_proj: A [4, ") in caplog.text  # fmt: skip
+    assert not (tmp_path / "p").exists()
+    flags.update({"--lora-rank": 4, "--lora-target-modules": ["q_proj"]})  # v_proj adapted, not recorded
+    _lora_save(model, tmp_path / "other" / "iter_0000001", flags)
+    argv[2] = str(tmp_path / "other")
+    assert main([*argv, "--origin-hf-dir", str(hf_dir)]) == 2
+    assert "model.layers.0.self_attn.v_proj: not one of --lora-target-modules ['q_proj']" in caplog.text
+    assert not (tmp_path / "p").exists()

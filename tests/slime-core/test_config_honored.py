@@ -26,6 +26,7 @@ CONSUMED_BY_VALIDATION = {
     "critic_num_gpus_per_node": "checked: the critic's own GPUs must be as many as the actor's (placement uses those)",
     "custom_config_path": "config/cli.py loads the YAML into the fields and args.custom_config",
     "dump_details": "derives --save-debug-rollout-data",
+    "lora_exclude_modules": "taken out of --lora-target-modules (config/validation_lora.py)",
     "num_gpus_per_node": "checked: --rollout-num-gpus-per-engine must fit on one node",
     "offload": "derives --offload-train / --offload-rollout",
     "offload_train": "checked: on exactly with --colocate (the loop offloads a colocated trainer)",

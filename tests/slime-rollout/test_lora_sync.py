@@ -267,3 +267,60 @@ def test_reference_engine_scales_and_refuses_as_sglang(tiny_qwen3_dir, tmp_path)
     torch.testing.assert_close(_expected(model, ids), _expected(expected_model, ids), atol=LOGPROB_ATOL, rtol=0)
     with pytest.raises(ValueError, match="DoRA"):
         adapters.load("dora", str(tmp_path / "use_dora"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        (
+            {"lora_target_modules": ["q_proj"]},
+            "--lora-target-modules q_proj without v_proj: SGLang fails to load the "
+            "adapter (a KeyError on v_proj); add v_proj",
+        ),
+        (
+            {"lora_target_modules": ["v_proj", "o_proj"]},
+            "--lora-target-modules v_proj without q_proj: SGLang skips the "
+            "v_proj tensors: the engine serves the base v_proj; add q_proj",
+        ),
+        (
+            {"lora_target_modules": ["up_proj"]},
+            "--lora-target-modules up_proj without gate_proj: SGLang skips the "
+            "up_proj tensors: the engine serves the base up_proj; add gate_proj",
+        ),
+        (
+            {"sglang_args": {"max_lora_rank": "2"}},
+            "--sglang-max-lora-rank 2 < --lora-rank 4: SGLang refuses the adapter",
+        ),
+        (
+            {"sglang_args": {"lora_target_modules": ["q_proj", "o_proj"]}},
+            "--sglang-lora-target-modules q_proj o_proj "
+            "lacks some of --lora-target-modules q_proj "
+            "v_proj down_proj: SGLang refuses the adapter",
+        ),
+    ],
+    ids=["q-without-v", "v-without-q", "up-without-gate", "passthrough-rank", "passthrough-targets"],
+)
+def test_sglang_preflight_refuses_an_adapter_sglang_would_not_serve(tiny_qwen3_dir, tmp_path, fields, problem):
+    """Found before the engines start: each fault surfaced at the first weight sync, or (a skipped tensor) never."""
+    from slime_core.extensions import engine_spec
+
+    cfg = _cfg(rollout_engine="sglang", **fields)
+    assert [p.message for p in engine_spec(cfg).check(cfg)] == [problem]
+    if "lora_target_modules" in fields and "sglang_args" not in fields:  # what SGLang's reader does with the files
+        buckets, _ = _adapter(tiny_qwen3_dir, 8, fields["lora_target_modules"])
+        write_adapter(_cfg(hf_checkpoint=str(tiny_qwen3_dir), **fields), buckets, tmp_path / "a")
+        with pytest.raises((ValueError, KeyError)):
+            SGL.read_like_sglang(tmp_path / "a", max_lora_rank=4, target_modules=fields["lora_target_modules"])
+
+
+def test_sglang_preflight_passes_what_sglang_serves():
+    from slime_core.extensions import engine_spec
+
+    for fields in ({}, {"lora_target_modules": ["q_proj", "v_proj"]},
+                   {"lora_target_modules": ["q_proj", "k_proj", "v_proj", "gate_proj"]},
+                   {"sglang_args": {"lora_target_modules": "all", "max_lora_rank": "64"}}):  # fmt: skip
+        cfg = _cfg(rollout_engine="sglang", **fields)
+        assert engine_spec(cfg).check(cfg) == [], fields
+    # External servers: their flags are not checked, the stacking still is.
+    ext = _cfg(rollout_engine="sglang", rollout_engine_urls=["http://h:1"], sglang_args={"max_lora_rank": "2"})
+    assert engine_spec(ext).check(ext) == []

@@ -6,7 +6,8 @@ tied-embedding checkpoint, with every parameter and buffer poisoned with NaN bet
 a GPU's caching allocator hands back old data where a CPU hands back zeroed pages), a LoRA backend and a full
 fine-tuning backend are built with compiled layers (dynamo's `eager` backend: same guards and recompiles as
 inductor, no C++ build), their log-probs compared bit for bit, their dynamo graphs counted, and each decoder
-layer's `hidden_states.requires_grad` recorded in grad and no-grad forwards.
+layer's `hidden_states.requires_grad` recorded in grad and no-grad forwards. `resume`: `--save` then `--load` of a
+LoRA run, in the checkpoint layout of now and of before (`scenario_resume`).
 """
 
 from __future__ import annotations
@@ -178,6 +179,83 @@ def scenario_init(ckpt: str, out: pathlib.Path) -> dict:
     return res
 
 
+def scenario_resume(ckpt: str, out: pathlib.Path) -> dict:
+    """`--save` after one rollout, then a fresh backend with `--load`: what it restores, and what the files hold.
+
+    With `--ref-update-interval 1` the KL reference is the trained adapter and is saved with it.
+
+    Run twice: with the checkpoint as saved now (adapters only) and as saved before (the whole model, written with
+    `_persisted` bypassed), which must resume the same. Both runs then train one more rollout on the same batch.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    import slime_train_fsdp.checkpoint as checkpoint
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    res: dict = {}
+    for layout in ("adapters", "whole"):
+        save = out.parent / f"save_{layout}"
+        flags = dict(lora_rank=4, lora_alpha=8.0, lr=1e-2, save=str(save), load=str(save), train_backend="fsdp",
+                     use_kl_loss=True, kl_loss_coef=0.1, ref_update_interval=1)  # fmt: skip
+        first = W.FSDPTrainBackend()
+        first.init(W.make_args(ckpt, **flags), with_ref=True)
+        probe = W.make_batch(0, 1)
+        base_ref = first.compute_log_probs(probe, model="ref")
+        first.train(0, W.make_batch(rank, world, seed=0))
+        first.update_ref()  # --ref-update-interval 1: the reference becomes the trained adapter
+        persisted = getattr(checkpoint, "_persisted", None)  # None: a version that saves the whole model anyway
+        if layout == "whole" and persisted is not None:
+            checkpoint._persisted = lambda sd: sd
+        try:
+            first.save(0)
+        finally:
+            if persisted is not None:
+                checkpoint._persisted = persisted
+        saved = dcp.FileSystemReader(str(save / "iter_0000001" / "model_and_optim")).read_metadata().state_dict_metadata
+        resumed = W.FSDPTrainBackend()
+        start = resumed.init(W.make_args(ckpt, **flags), with_ref=True)
+        ref_first, ref_resumed = (m.compute_log_probs(probe, model="ref") for m in (first, resumed))
+        a, b = _state(first), _state(resumed)
+        opt_a, opt_b = W.optimizer_states(first), W.optimizer_states(resumed)
+        res[layout] = {
+            "saved_model_keys": sorted(k.removeprefix("model.") for k in saved if k.startswith("model.")),
+            "start": start,
+            "steps": (first.global_step, resumed.global_step),
+            "params_equal": sorted(a) == sorted(b) and all(torch.equal(a[n], b[n]) for n in a),
+            "optimizer_equal": sorted(opt_a) == sorted(opt_b) and all(torch.equal(opt_a[k], opt_b[k]) for k in opt_a),
+            "num_optimizer_tensors": len(opt_a),
+            "ref_equal": all(torch.equal(x, y) for x, y in zip(ref_first, ref_resumed, strict=True)),
+            "ref_moved": W.max_diff(ref_first, base_ref),
+            "next_loss": [m.train(1, W.make_batch(rank, world, seed=1))["train/loss"] for m in (first, resumed)],
+        }
+        a, b = _state(first), _state(resumed)
+        res[layout]["params_equal_after_step"] = all(torch.equal(a[n], b[n]) for n in a)
+    return res
+
+
+def scenario_reference(ckpt: str, out: pathlib.Path) -> dict:
+    """KL's reference on 2 ranks, full fine-tuning and LoRA: after init, after an actor forward, after training.
+
+    Each rank scores its own data shard, then one shared batch, whose reference log-probs must be the base
+    checkpoint's (HF forward, rank 0 compares).
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shared = W.make_batch(0, 1)
+    base = W.hf_reference_log_probs(ckpt, shared)
+    res: dict = {}
+    for kind, extra in (("full", {}), ("lora", {"lora_rank": 4, "lora_alpha": 8.0})):
+        b = W.FSDPTrainBackend()
+        b.init(W.make_args(ckpt, use_kl_loss=True, kl_loss_coef=0.1, lr=1e-2, **extra), with_ref=True)
+        own = W.make_batch(rank, world)
+        b.compute_log_probs(own)  # an actor forward first, as the train step does
+        res[f"{kind}_ref_vs_base"] = W.max_diff(b.compute_log_probs(shared, model="ref"), base)
+        b.train(0, own)
+        res[f"{kind}_ref_vs_base_after_step"] = W.max_diff(b.compute_log_probs(shared, model="ref"), base)
+        res[f"{kind}_actor_vs_base_after_step"] = W.max_diff(b.compute_log_probs(shared), base)
+        res[f"{kind}_kl_steps"] = [s.get("train/kl_loss") for s in b.step_metrics]
+    return res
+
+
 def _state(backend) -> dict[str, torch.Tensor]:
     from torch.distributed.tensor import DTensor
 
@@ -188,11 +266,11 @@ def _state(backend) -> dict[str, torch.Tensor]:
 
 
 def run(scenario: str, out: pathlib.Path, ckpt: str) -> None:
-    """Runs `scenario` (`lora` or `init`) on this rank (process group from the environment); saves its results."""
+    """Runs `scenario` (a `scenario_*` name) on this rank (process group from the environment); saves its results."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        fn = {"lora": scenario_lora, "init": scenario_init}[scenario]
+        fn = globals()[f"scenario_{scenario}"]
         torch.save(fn(ckpt, out), out / f"rank{dist.get_rank()}.pt")
     finally:
         dist.destroy_process_group()

@@ -2,7 +2,8 @@
 the PEFT export loads in peft, in SGLang's way of reading it, and the merged export in transformers with the
 trainer's log-probs (1e-5). On a tied-embedding checkpoint with memory poisoned before the load: every tensor is
 written, the LoRA model at init computes the full model's log-probs bit for bit, and its compiled layers compile
-as many graphs as the full model's (one per grad mode)."""
+as many graphs as the full model's (one per grad mode). `--save` then `--load` restores adapters, Adam's moments and
+the step exactly, from a checkpoint that holds the adapters only (or, written before, the whole model)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,47 @@ def lora_runs(tmp_path_factory, qwen3_tokenizer_dir) -> list[dict]:
 def init_runs(tmp_path_factory, qwen3_tokenizer_dir) -> list[dict]:
     # Tied embeddings as Qwen3-0.6B: lm_head and embed_tokens are one parameter under two names.
     return _run_ranks(tmp_path_factory, qwen3_tokenizer_dir, "init", tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def resume_runs(tmp_path_factory, qwen3_tokenizer_dir) -> list[dict]:
+    return _run_ranks(tmp_path_factory, qwen3_tokenizer_dir, "resume", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory, qwen3_tokenizer_dir) -> list[dict]:
+    return _run_ranks(tmp_path_factory, qwen3_tokenizer_dir, "reference", tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_kl_reference_is_the_base_model_on_every_rank(reference_runs, kind):
+    # With 2 ranks the reference forward stopped on "The size of tensor a (64) must match the size of tensor b (32)":
+    # FSDP2 keeps the root's parameters (embeddings, final norm, head) gathered after a no-grad forward, so the swap
+    # copied the held shards into whole tensors (and back). One rank never showed it: a shard is the whole tensor.
+    for res in reference_runs:
+        assert res[f"{kind}_ref_vs_base"] <= TOL
+        assert res[f"{kind}_ref_vs_base_after_step"] <= TOL  # LoRA: the base without the trained adapter
+        assert res[f"{kind}_actor_vs_base_after_step"] > 1e-3
+        assert all(kl is not None for kl in res[f"{kind}_kl_steps"])
+
+
+def test_a_lora_checkpoint_holds_the_adapters_only(resume_runs):
+    # The frozen base is --hf-checkpoint's: each save wrote the whole model (here 25 base tensors, for a real model
+    # gigabytes) besides the adapters, as the original's FSDP LoRA (which saved `adapter/`) never did.
+    saved = resume_runs[0]["adapters"]["saved_model_keys"]
+    assert len(saved) == 2 * 7 * 2 and all(".lora_A." in k or ".lora_B." in k for k in saved)
+    assert len(resume_runs[0]["whole"]["saved_model_keys"]) == 28 + 25  # the layout before: base tensors too
+
+
+@pytest.mark.parametrize("layout", ["adapters", "whole"])
+def test_save_then_load_restores_adapters_optimizer_and_step(resume_runs, layout):
+    for res in (r[layout] for r in resume_runs):
+        assert res["start"] == 1 and res["steps"] == (2, 2)  # 2 optimizer steps per rollout
+        assert res["params_equal"] and res["optimizer_equal"] and res["num_optimizer_tensors"] == 28 * 2
+        assert res["ref_equal"] and res["ref_moved"] > 1e-3  # the updated reference, not the base, resumes
+        # The next rollout continues: the same loss and the same weights after it, bit for bit.
+        assert res["next_loss"][0] == res["next_loss"][1]
+        assert res["params_equal_after_step"]
 
 
 def test_only_adapters_train(lora_runs):

@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     to_hf.add_argument("-f", "--force", action="store_true", help="overwrite --output-dir")
     to_hf.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
-    fsdp = sub.add_parser("fsdp-to-hf", help="--train-backend fsdp checkpoint → HF safetensors")
+    fsdp = sub.add_parser(
+        "fsdp-to-hf", help="--train-backend fsdp checkpoint → HF safetensors (a LoRA run's: a PEFT adapter folder)"
+    )
     fsdp.add_argument(
         "--input-dir", required=True, help="the run's --save folder, an iter_* folder or its model_and_optim"
     )

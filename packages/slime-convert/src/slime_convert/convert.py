@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from slime_convert.hf_io import HFCheckpointReader, HFShardedWriter
+from slime_convert.lora_export import fsdp_lora_to_peft
 from slime_convert.mapping import TensorMapping, expand_mappings, extra_state_keys, tensor_mappings, to_hf, to_mcore
 from slime_convert.model_args import ModelArgs
 from slime_convert.shapes import check_hf_shapes, check_hf_unused, check_torch_dist_shapes, check_torch_dist_unused
@@ -377,6 +378,9 @@ def fsdp_to_hf(
 ) -> pathlib.Path:
     """Exports the model of a `--train-backend fsdp` checkpoint as a HF safetensors checkpoint.
 
+    A LoRA run's checkpoint (`--lora-rank` in its `meta.json`) is exported as a PEFT adapter folder instead, as the
+    run's `--save-hf` writes it (`slime_convert.lora_export`).
+
     The trainer's DCP shards (`iter_*/model_and_optim`, `slime_train_fsdp.checkpoint`) hold the HF model's own
     parameters under `model.<HF name>`, so no name or layout mapping applies: each tensor is read whole and written
     under its name (the original's `tools/convert_fsdp_to_hf.py`). Optimizer state is not read.
@@ -398,20 +402,17 @@ def fsdp_to_hf(
 
     Raises:
         FileNotFoundError: `input_dir` is no FSDP checkpoint.
-        ValueError: a LoRA run's checkpoint (export its adapter with `--save-hf`), or tensors that differ from
-            `origin_hf_dir`'s in names or shapes (named; checked before anything is written).
+        ValueError: tensors that differ from `origin_hf_dir`'s in names or shapes (named; checked before anything
+            is written); for a LoRA run's checkpoint, see `slime_convert.lora_export.fsdp_lora_to_peft`.
         FileExistsError: `output_dir` exists and not `force`.
         OSError: writing failed; `output_dir` is left as it was.
     """
     model_dir = _fsdp_model_dir(pathlib.Path(input_dir))
     meta_path = model_dir.parent / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    lora_rank = (meta.get("model_flags") or {}).get("--lora-rank")  # slime_train_fsdp.checkpoint.model_flags_of
-    if lora_rank:
-        raise ValueError(
-            f"{model_dir.parent}: a LoRA run's checkpoint (--lora-rank {lora_rank}); its adapter is exported by the "
-            "run's --save-hf, not merged here"
-        )
+    model_flags = meta.get("model_flags") or {}  # slime_train_fsdp.checkpoint.model_flags_of
+    if model_flags.get("--lora-rank"):
+        return fsdp_lora_to_peft(model_dir, model_flags, output_dir, origin_hf_dir, dtype=dtype, force=force)
     ckpt = TorchDistReader(model_dir)
     stored = {k.removeprefix("model."): v for k, v in ckpt.tensor_keys().items() if k.startswith("model.")}
     origin = HFCheckpointReader(origin_hf_dir)

@@ -19,8 +19,10 @@ __all__ = [
     "ADAPTER_WEIGHTS",
     "LORA_NAME",
     "PEFT_PREFIX",
+    "TOKENIZER_FILE_PREFIXES",
     "adapter_config",
     "module_of",
+    "peft_config",
     "scaling",
 ]
 
@@ -29,6 +31,8 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 #: The adapter's name on the engines (`lora_name` of `/load_lora_adapter`, `lora_path` of `/generate`).
 LORA_NAME = "slime-policy"
 PEFT_PREFIX = "base_model.model."
+#: Files of the base model an adapter folder carries along (its tokenizer), by name prefix.
+TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens", "chat_template", "vocab", "merges")
 
 
 def scaling(cfg: SlimeArgs) -> float:
@@ -43,13 +47,26 @@ def adapter_config(cfg: SlimeArgs, *, base_model: str | None = None) -> dict[str
         cfg: reads `lora_rank`, `lora_alpha`, `lora_target_modules`.
         base_model: recorded as `base_model_name_or_path` (default `--hf-checkpoint`).
     """
+    base = base_model if base_model is not None else cfg.hf_checkpoint
+    return peft_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_modules, base_model=base)
+
+
+def peft_config(rank: int, alpha: float, target_modules: list[str], *, base_model: str | None) -> dict[str, Any]:
+    """`adapter_config.json` of an adapter of rank `rank` scaled by `alpha / rank` on `target_modules`.
+
+    Args:
+        rank: `r` (`--lora-rank`).
+        alpha: `lora_alpha` (`--lora-alpha`).
+        target_modules: module names (`--lora-target-modules`).
+        base_model: recorded as `base_model_name_or_path`.
+    """
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": base_model if base_model is not None else cfg.hf_checkpoint,
-        "r": int(cfg.lora_rank),
-        "lora_alpha": float(cfg.lora_alpha),
-        "target_modules": sorted(cfg.lora_target_modules),
+        "base_model_name_or_path": base_model,
+        "r": int(rank),
+        "lora_alpha": float(alpha),
+        "target_modules": sorted(target_modules),
         "lora_dropout": 0.0,
         "bias": "none",
         "fan_in_fan_out": False,

@@ -30,6 +30,7 @@ SGLANG = RolloutEngineSpec(
     supports_colocate=True,  # /release_memory_occupation, /resume_memory_occupation
     launchable=True,  # slime_rollout.engines.launch.sglang.build_sglang_command
     returns_routed_experts=True,  # --enable-return-routed-experts
+    preflight="slime_rollout.engines.launch.sglang:preflight",  # the LoRA adapter it must serve
 )
 
 REFERENCE = RolloutEngineSpec(

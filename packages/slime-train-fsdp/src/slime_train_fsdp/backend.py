@@ -279,6 +279,9 @@ class FSDPTrainBackend:
         return self.weights.holds("teacher")
 
     def _local_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # FSDP2 leaves the root's own parameters (embeddings, final norm, head) gathered after a no-grad forward (it
+        # reshards the root after backward only): reshard so every rank swaps its shard, not the gathered tensor.
+        self.model.reshard()
         return ((n, _local(p)) for n, p in self.model.named_parameters())
 
     # ------------------------------------------------------------- log-probs

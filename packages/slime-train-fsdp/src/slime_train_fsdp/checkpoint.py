@@ -3,7 +3,8 @@
 Layout under `--save` (as the original FSDP backend):
 
     iter_{rollout_id + 1:07d}/
-        model_and_optim/      DCP shards of {"model", "optim"} (sharded state dicts, no gather)
+        model_and_optim/      DCP shards of {"model", "optim"} (sharded state dicts, no gather); a LoRA model's
+                              "model" holds its adapters only (`_persisted`)
         ref/                  DCP shards of {"model"}: the KL reference, with --ref-update-interval only
         scheduler.pt          LR scheduler state
         rng_{rank}.pt         torch (and CUDA) RNG state of each rank
@@ -38,6 +39,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -55,6 +57,7 @@ from slime_core.checkpoint_dirs import (
 )
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
 from slime_core.error_text import first_rank_error, first_sentence
+from slime_train_fsdp.lora import is_adapter
 from slime_train_fsdp.lr_schedule import load_scheduler_state
 
 logger = logging.getLogger(__name__)
@@ -68,6 +71,18 @@ __all__ = [
     "optimizer_state_refusal",
     "save_checkpoint",
 ]
+
+
+def _persisted(model_sd: dict[str, Any]) -> dict[str, Any]:
+    """The part of a model state dict a checkpoint holds: everything, or a LoRA model's adapters only.
+
+    A LoRA model's base is frozen: it is `--hf-checkpoint`'s, loaded at init (and what the engines serve), so each
+    save rewrote the whole model (gigabytes) for a few MB of adapters; the original's FSDP LoRA saved `adapter/`
+    alone too. A checkpoint that holds the base as well (written before) still loads: its base is not read.
+    """
+    if not any(is_adapter(k) for k in model_sd):
+        return model_sd
+    return {k: v for k, v in model_sd.items() if is_adapter(k)}
 
 
 def _rng_state() -> dict[str, Any]:
@@ -115,6 +130,7 @@ def save_checkpoint(
         prepare_staging(final, flag="--save")  # never deletes a folder slime did not write (slime_core.dir_swap)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd = _persisted(model_sd)
     state = {"model": model_sd, "optim": optim_sd} if save_optim else {"model": model_sd}
     dcp.save(state, checkpoint_id=str(tmp / FSDP_MODEL_DIR))
     if reference is not None:
@@ -156,11 +172,14 @@ class _OtherParameters(ValueError):
     """The checkpoint's files are fine but hold other parameters (names or shapes) than the model being loaded."""
 
 
-def _parameter_differences(state_dir: pathlib.Path, model_sd: dict[str, Any]) -> str | None:
+def _parameter_differences(
+    state_dir: pathlib.Path, model_sd: dict[str, Any], not_read: frozenset[str] = frozenset()
+) -> str | None:
     """How the model parameters saved in DCP's `.metadata` differ from `model_sd`'s names and shapes; None: same.
 
     Compared from the metadata before loading, so that a checkpoint of another model is told from a damaged one
-    by what it holds, not by the wording of torch's error.
+    by what it holds, not by the wording of torch's error. Saved keys in `not_read` (a LoRA model's frozen base,
+    which older checkpoints hold: `_persisted`) are no difference.
 
     Raises:
         Exception: what DCP's reader raises on a `.metadata` it cannot read (a damaged checkpoint).
@@ -177,7 +196,7 @@ def _parameter_differences(state_dir: pathlib.Path, model_sd: dict[str, Any]) ->
     parts = []
     if missing := set(here) - set(saved):
         parts.append(f"not in the checkpoint: {names(missing)}")
-    if extra := set(saved) - set(here):
+    if extra := set(saved) - set(here) - not_read:
         parts.append(f"only in the checkpoint: {names(extra)}")
     resized = sorted(k for k in set(here) & set(saved) if here[k] != saved[k])
     if resized:
@@ -236,16 +255,19 @@ def _read(
         _OtherParameters: the saved model parameters differ from `model`'s (names the first differences).
     """
     has_optim = (path / "scheduler.pt").exists()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    differences = _parameter_differences(path / FSDP_MODEL_DIR, model_sd)
+    full_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd = _persisted(full_sd)
+    differences = _parameter_differences(path / FSDP_MODEL_DIR, model_sd, frozenset(full_sd) - frozenset(model_sd))
     if differences:
         raise _OtherParameters(differences)
     state = {"model": model_sd, "optim": optim_sd} if (load_optim and has_optim) else {"model": model_sd}
     dcp.load(state, checkpoint_id=str(path / FSDP_MODEL_DIR))
+    partial = StateDictOptions(strict=len(model_sd) == len(full_sd))  # a LoRA model: the base stays as loaded
     if "optim" in state:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=partial)  # fmt: skip
     else:
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=partial)
     if load_optim and has_optim:
         load_scheduler_state(scheduler, torch.load(path / "scheduler.pt", weights_only=False))
     rng_file = path / f"rng_{dist.get_rank()}.pt"
@@ -266,10 +288,12 @@ def model_flag_mismatches(meta: dict[str, Any], model_flags: dict[str, Any]) -> 
 
 
 def model_flags_of(cfg: Any) -> dict[str, Any]:
-    """The flags that decide which parameters the FSDP model has (LoRA adapters or not, and on which modules)."""
+    """The flags that decide the FSDP model's parameters and what they compute (LoRA or not, its modules and scale)."""
     if not cfg.lora_rank:
         return {"--lora-rank": 0}
-    return {"--lora-rank": cfg.lora_rank, "--lora-target-modules": sorted(cfg.lora_target_modules)}
+    # alpha scales the saved adapter: resumed under another value, the model would silently be another one.
+    return {"--lora-rank": cfg.lora_rank, "--lora-alpha": float(cfg.lora_alpha),
+            "--lora-target-modules": sorted(cfg.lora_target_modules)}  # fmt: skip
 
 
 def load_checkpoint(
@@ -373,12 +397,13 @@ def load_reference(reference_dir: str | os.PathLike[str], model: nn.Module) -> N
         ValueError: its files cannot be read (names `--load`, the iteration and the cause).
     """
     path = pathlib.Path(reference_dir)
-    state = {"model": get_model_state_dict(model)}
+    full_sd = get_model_state_dict(model)
+    state = {"model": _persisted(full_sd)}  # a LoRA reference: its adapters on the shared frozen base
     try:
         dcp.load(state, checkpoint_id=str(path))
     except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
         raise _damaged(path.parent.parent, path.parent, e) from e
-    set_model_state_dict(model, state["model"])
+    set_model_state_dict(model, state["model"], options=StateDictOptions(strict=len(state["model"]) == len(full_sd)))
 
 
 def optimizer_state_refusal(

@@ -30,11 +30,20 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from slime_core.config import SlimeArgs
+from slime_core.config.training import LORA_TARGET_MODULES
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in
-from slime_core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX, adapter_config, scaling
+from slime_core.lora import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    PEFT_PREFIX,
+    TOKENIZER_FILE_PREFIXES,
+    adapter_config,
+    scaling,
+)
 from slime_core.safetensors_io import save_safetensors
 
 __all__ = [
+    "check_targets",
     "hf_name",
     "initial_adapter_state",
     "inject_lora",
@@ -61,10 +70,12 @@ def inject_lora(model: nn.Module, cfg: SlimeArgs) -> nn.Module:
         does (`_embeddings_require_grad`).
 
     Raises:
-        ValueError: no module matches `--lora-target-modules` (peft's message lists them).
+        ValueError: a `--lora-target-modules` name matches no linear layer of the model (peft adapted the others and
+            dropped it without a word, or stopped on none with its own error).
     """
     from peft import LoraConfig, inject_adapter_in_model
 
+    check_targets(model, cfg.lora_target_modules)
     config = LoraConfig(
         r=int(cfg.lora_rank),
         lora_alpha=float(cfg.lora_alpha),
@@ -77,6 +88,23 @@ def inject_lora(model: nn.Module, cfg: SlimeArgs) -> nn.Module:
         param.requires_grad_(is_adapter(name))
     model.get_input_embeddings().register_forward_hook(_embeddings_require_grad)
     return model
+
+
+def check_targets(model: nn.Module, targets: list[str]) -> None:
+    """Every `--lora-target-modules` name must be the last name part of some `nn.Linear` of `model` (meta is fine).
+
+    Raises:
+        ValueError: naming the flag, the names that match nothing and those the model has (a MoE model's experts
+            are one fused parameter in transformers, not linear layers: Qwen3-MoE has only the attention's).
+    """
+    linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    missing = [t for t in targets if t not in linear]
+    if missing:
+        has = [n for n in LORA_TARGET_MODULES if n in linear]
+        raise ValueError(
+            f"--lora-target-modules {' '.join(missing)}: no linear layer of this {type(model).__name__} is named so "
+            f"(it has {', '.join(has) or 'none of the names an adapter may target'}); adapt only those"
+        )
 
 
 def _embeddings_require_grad(module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
@@ -209,7 +237,7 @@ def save_adapter(model: nn.Module, cfg: SlimeArgs, path: str | pathlib.Path) -> 
         config = adapter_config(cfg, base_model=os.path.abspath(cfg.hf_checkpoint))
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
         for f in pathlib.Path(cfg.hf_checkpoint).iterdir():
-            if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges"))):
+            if f.is_file() and f.name.startswith(TOKENIZER_FILE_PREFIXES):
                 shutil.copy2(f, tmp / f.name)
         swap_in(tmp, out, flag="--save-hf")  # rename swap: a crash leaves the old or the new export, never none
         logger.info("exported LoRA adapter (%d tensors) to %s", len(tensors), out)

@@ -12,6 +12,7 @@ __all__ = ["FSDP"]
 FSDP = TrainBackendSpec(
     name="fsdp",
     factory="slime_train_fsdp.backend:FSDPTrainBackend",
+    preflight="slime_train_fsdp.model_loading:lora_preflight",  # --lora-target-modules against the model
     needs_gpu=False,  # gloo on CPU
     supports_colocate=True,
     supports_cp=True,  # Ulysses all-to-all (slime_train_fsdp.context_parallel)

@@ -8,7 +8,12 @@ from pydantic import field_validator
 
 from slime_core.config.base import ArgsGroup, arg, check_registered
 
-__all__ = ["AlgorithmArgs", "CheckpointArgs", "FsdpArgs", "LoraArgs", "OptimizerArgs"]
+__all__ = ["LORA_TARGET_MODULES", "AlgorithmArgs", "CheckpointArgs", "FsdpArgs", "LoraArgs", "OptimizerArgs"]
+
+#: The linear layers an adapter may target: the HF names of the attention and MLP projections, which SGLang
+#: adapts (stacking q/k/v and gate/up) and the trainer's peft wraps. `all-linear` (the original's `--target-modules`
+#: default, peft's shorthand) and SGLang's `all` stand for all of them.
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 KlType = Literal["k1", "k2", "k3", "low_var_kl"]
 
@@ -285,8 +290,20 @@ class LoraArgs(ArgsGroup):
     lora_rank: int = arg(0, "LoRA rank r (0: full fine-tuning).", ge=0)
     lora_alpha: float = arg(16.0, "LoRA alpha: the adapter's update is scaled by alpha / r.", gt=0)
     lora_target_modules: list[str] = arg(
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        "Names of the linear modules that get an adapter (peft target_modules; SGLang --lora-target-modules).",
+        list(LORA_TARGET_MODULES),
+        "Names of the linear modules that get an adapter (peft target_modules; SGLang --lora-target-modules), "
+        f"of {', '.join(LORA_TARGET_MODULES)}; space- or comma-separated, all-linear (or all) for every one. "
+        "--target-modules is the original's name of this flag.",
+        aliases=("--target-modules",),
+    )
+    lora_exclude_modules: list[str] = arg(
+        [],
+        "Module names taken out of --lora-target-modules (the original's --exclude-modules: --target-modules "
+        "all-linear --exclude-modules o_proj); space- or comma-separated.",
+        aliases=("--exclude-modules",),
+    )
+    lora_dropout: float = arg(
+        0.0, "Dropout on the adapter's input (the original's Megatron-Bridge flag); only 0 is implemented.", ge=0, lt=1
     )
     lora_save_merged: bool = arg(
         False, "With --save-hf: also write the merged model (base + adapter) to <save-hf>/merged."

@@ -50,6 +50,7 @@ UNSUPPORTED: dict[str, str] = {
     "keep_old_actor": "old log-probs are recomputed with the weights before each rollout's first step",
     "log_correct_samples": "correct-sample length/entropy statistics are not collected",
     "log_probs_max_tokens_per_gpu": "log-prob forwards reuse the training micro-batches (--max-tokens-per-gpu)",
+    "lora_dropout": "adapters train without dropout (peft lora_dropout 0), as the engines serve them",
     "megatron_config_path": (
         "pass Megatron flags on the command line; the PPO critic takes --critic-load/--critic-save/--critic-lr/"
         "--critic-lr-warmup-iters"
@@ -89,6 +90,10 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--lora-load": "no adapter loading; a LoRA run resumes from --load (FSDP LoRA: --lora-rank R)",
     "--lora-weight-decay": "under --lora-rank, --weight-decay applies to the adapters (FSDP LoRA)",
     "--lora-learning-rate": "under --lora-rank, --lr is the adapters' rate (FSDP LoRA)",
+    # The original's FSDP LoRA (reverted in THUDM/slime#370) and Megatron-Bridge LoRA: unknown flags got
+    # "did you mean --recompute-modules?"-style guesses.
+    "--lora-adapter-path": "no adapter loading; LoRA trains a fresh adapter and resumes from --load (--lora-rank R)",
+    "--enable-lora": "no Megatron-Bridge LoRA; " + _FSDP_LORA,
     "--lora-save-merged-hf": "--save-hf with --lora-save-merged writes the merged model too (FSDP LoRA)",
     "--load-forge-rollout-data": "no Forge rollout dumps; replay --save-debug-rollout-data dumps with "
     "--load-debug-rollout-data",

@@ -19,17 +19,18 @@ from slime_core.config.critic import validate_critic
 from slime_core.config.megatron_checks import check_megatron_flags
 from slime_core.config.mismatch import validate_mismatch
 from slime_core.config.monitoring import warn_eval_only_flags
-from slime_core.config.opd import trainer_side_teacher, validate_opd
+from slime_core.config.opd import validate_opd
 from slime_core.config.save_hf import CONTAINED_PATH_FLAGS, PROTECTED_PATH_FLAGS, check_save_hf
 from slime_core.config.sglang_flags import check_managed_sglang_flags
 from slime_core.config.true_on_policy import check_true_on_policy
 from slime_core.config.unsupported import check_unsupported
 from slime_core.config.validation_fully_async import check_fully_async
+from slime_core.config.validation_lora import check_lora
 from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.config.validation_routing_replay import check_routing_replay
 from slime_core.config.validation_trainer import check_trainer_flags
 from slime_core.estimators import get_estimator
-from slime_core.extensions import TRAIN_BACKENDS, engine_spec, train_backend_spec
+from slime_core.extensions import engine_spec, train_backend_spec
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
@@ -63,7 +64,7 @@ def derive_and_validate(args: SlimeArgs) -> None:
     _top_k(args)
     _eval(args)
     _checkpoint_and_dumps(args)
-    _lora(args)
+    check_lora(args)
     _weight_sync(args)
     _passthrough(args)
     check_multimodal(args)
@@ -449,36 +450,6 @@ def _checkpoint_and_dumps(args: SlimeArgs) -> None:
         args.save_debug_rollout_data = os.path.join(args.dump_details, "rollout_data", "{rollout_id}.pt")
 
 
-def _lora(args: SlimeArgs) -> None:
-    if not args.lora_rank:
-        if args.weight_sync == "lora":
-            raise ConfigError("--weight-sync lora syncs a LoRA adapter: set --lora-rank")
-        knobs = [field_to_flag(f) for f in non_default(args, ("lora_alpha", "lora_target_modules", "lora_save_merged"))]
-        if knobs:  # full fine-tuning: no adapter for them to shape
-            warn_once("lora_knobs", f"{' / '.join(knobs)}: no effect without --lora-rank (LoRA is off)")
-        return
-    if not train_backend_spec(args).supports_lora:
-        supported = [n for n in TRAIN_BACKENDS.names() if _supports_lora(n)]
-        raise ConfigError(f"--lora-rank needs a LoRA backend (--train-backend {' or '.join(supported)}), "
-                          f"got {args.train_backend}")  # fmt: skip
-    if args.use_critic:
-        raise ConfigError(f"--lora-rank with --advantage-estimator {args.advantage_estimator}: the critic has no LoRA")
-    if trainer_side_teacher(args):
-        raise ConfigError(
-            f"--lora-rank with --opd-type {args.opd_type}: a trainer-side teacher needs full weights; "
-            "use --opd-type sglang (a teacher engine)"
-        )
-    if args.weight_sync not in ("auto", "lora"):
-        raise ConfigError(
-            f"--weight-sync {args.weight_sync}: with --lora-rank only the adapter is synced (--weight-sync lora)"
-        )
-    if not args.lora_target_modules:
-        raise ConfigError("--lora-target-modules: give at least one module name")
-    args.weight_sync = "lora"
-    if args.update_weight_disk_dir is None:  # adapters travel as files the engines load
-        args.update_weight_disk_dir = os.path.join(args.output_dir, "weight_sync")
-
-
 def _weight_sync(args: SlimeArgs) -> None:
     if args.update_weight_transport == "disk" and args.update_weight_disk_dir is None:
         raise ConfigError("--update-weight-transport disk requires --update-weight-disk-dir")
@@ -553,13 +524,6 @@ def _passthrough(args: SlimeArgs) -> None:
     else:
         _fsdp_context_parallel(args)
     check_megatron_flags(args)
-
-
-def _supports_lora(name: str) -> bool:
-    try:
-        return TRAIN_BACKENDS.get(name).supports_lora
-    except ImportError:  # a backend whose package is not importable here is not offered
-        return False
 
 
 def _fsdp_context_parallel(args: SlimeArgs) -> None:

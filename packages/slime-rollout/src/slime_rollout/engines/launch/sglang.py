@@ -20,8 +20,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from slime_core.config.sglang_flags import MANAGED_SGLANG_FIELDS, check_managed_sglang_flags, sglang_field
+from slime_core.config.sglang_flags import (
+    MANAGED_SGLANG_FIELDS,
+    check_managed_sglang_flags,
+    sglang_field,
+    sglang_fields,
+)
 from slime_core.config.true_on_policy import true_on_policy_server_args
+from slime_core.registry import Problem
 from slime_rollout.engines.launch.common import needs_weights_backup
 from slime_rollout.engines.process import find_free_port
 from slime_rollout.engines.wire import nccl_cumem_enable
@@ -35,7 +41,9 @@ __all__ = [
     "SGLangKind",
     "build_sglang_command",
     "engine_python",
+    "lora_problems",
     "lora_server_args",
+    "preflight",
     "sglang_env",
     "sglang_passthrough",
 ]
@@ -187,6 +195,66 @@ def lora_server_args(cfg: SlimeArgs, passthrough: Sequence[str] = ()) -> list[st
     }
     given = {t.split("=")[0] for t in passthrough if t.startswith("--")}
     return [token for flag, values in wanted.items() if flag not in given for token in (flag, *values)]
+
+
+#: SGLang stacks a layer's q/k/v adapters into `qkv_proj` from q_proj (needing v_proj: a missing k is zeros) and
+#: gate/up into `gate_up_proj` from gate_proj (`srt/lora/lora.py`, `normalize_qkv_proj` / `normalize_gate_up_proj`);
+#: `(module, what it needs, what SGLang does without it)`.
+_STACKING = (
+    ("q_proj", "v_proj", "fails to load the adapter (a KeyError on v_proj)"),
+    ("k_proj", "q_proj", "skips the k_proj tensors: the engine serves the base k_proj"),
+    ("v_proj", "q_proj", "skips the v_proj tensors: the engine serves the base v_proj"),
+    ("up_proj", "gate_proj", "skips the up_proj tensors: the engine serves the base up_proj"),
+)
+
+
+def lora_problems(cfg: SlimeArgs) -> list[str]:
+    """Why SGLang would not serve the run's adapter as the trainer computes it; empty when it would.
+
+    `--lora-target-modules` must stack as SGLang stacks them (`_STACKING`); a pass-through `--sglang-max-lora-rank`
+    or `--sglang-lora-target-modules` (which win over `lora_server_args`) must leave room for the adapter. Either
+    fault surfaced at the first weight sync, after the engines started, or (a skipped tensor) never.
+
+    Args:
+        cfg: reads `lora_rank`, `lora_target_modules`, `sglang_args`, `rollout_engine_urls`.
+
+    Returns:
+        One line per fault, naming the flags.
+    """
+    if not cfg.lora_rank:
+        return []
+    targets = set(cfg.lora_target_modules)
+    problems = [
+        f"--lora-target-modules {module} without {needs}: SGLang {effect}; add {needs}"
+        for module, needs, effect in _STACKING
+        if module in targets and needs not in targets
+    ]
+    if cfg.rollout_engine_urls:
+        return problems  # servers started elsewhere: their flags are not ours to check
+    given = sglang_fields(cfg.sglang_args)
+    rank = given.get("max_lora_rank")
+    if rank is not None and not isinstance(rank, bool) and str(rank).isdigit() and int(rank) < cfg.lora_rank:
+        problems.append(f"--sglang-max-lora-rank {rank} < --lora-rank {cfg.lora_rank}: SGLang refuses the adapter")
+    served = given.get("lora_target_modules")
+    if isinstance(served, str | list) and served:
+        served = [served] if isinstance(served, str) else [str(v) for v in served]
+        if "all" not in served and not set(map(_stacked, targets)) <= set(map(_stacked, served)):
+            problems.append(
+                f"--sglang-lora-target-modules {' '.join(served)} lacks some of --lora-target-modules "
+                f"{' '.join(cfg.lora_target_modules)}: SGLang refuses the adapter"
+            )
+    return problems
+
+
+def _stacked(module: str) -> str:
+    """SGLang's name of the layer a module's adapter goes to (`get_normalized_target_modules`)."""
+    return {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+            "up_proj": "gate_up_proj"}.get(module, module)  # fmt: skip
+
+
+def preflight(cfg: SlimeArgs) -> list[Problem]:
+    """`--rollout-engine sglang`'s checks before anything starts: the LoRA adapter it must serve (`lora_problems`)."""
+    return [Problem(message=m) for m in lora_problems(cfg)]
 
 
 def sglang_env() -> dict[str, str]:
