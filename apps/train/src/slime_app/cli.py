@@ -104,6 +104,7 @@ def _main(argv: list[str]) -> int:
         deadline_failure,
         engine_failure,
         interrupted_resume_line,
+        memory_failure,
         plugin_failure,
     )
     from slime_app.guards import RunStopped, StartRefused
@@ -134,7 +135,13 @@ def _main(argv: list[str]) -> int:
         print(f"slime: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        line = engine_failure(e, cfg) or deadline_failure(e) or actor_failure(e) or plugin_failure(e)
+        line = (
+            engine_failure(e, cfg)
+            or deadline_failure(e)
+            or actor_failure(e)
+            or plugin_failure(e)
+            or memory_failure(e, cfg)
+        )
         if line is None:
             raise
         logging.getLogger("slime_app.cli").debug("the run's failure", exc_info=e)
