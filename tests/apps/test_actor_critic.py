@@ -139,7 +139,7 @@ def test_critic_bundles(monkeypatch, fields, actor, critic, rollout, total):
     monkeypatch.setattr(cluster, "_bundle_info", types.SimpleNamespace(options=fake_info_options))
     monkeypatch.setattr(cluster.ray, "get", lambda refs, timeout=None: refs)
     monkeypatch.setattr(cluster.ray, "wait", lambda refs, timeout=None: (refs, []))
-    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"GPU": 8})
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"GPU": 8, "CPU": 64})
     placement = cluster.create_placement(_cfg(**fields))
     assert made["bundles"] == total
     assert (placement.actor_bundles, placement.critic_bundles, placement.rollout_bundles) == (actor, critic, rollout)

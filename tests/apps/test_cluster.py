@@ -60,12 +60,25 @@ def test_more_gpus_than_the_machine_has_are_refused_naming_the_colocated_layout(
     )
 
 
+def test_a_gpu_machine_with_fewer_cpus_than_gpu_bundles_is_refused_too(local_node, monkeypatch):
+    # Each GPU bundle is {"GPU": 1, "CPU": 1}: 8 GPUs in a container limited to 4 CPUs left the group pending.
+    monkeypatch.setattr(cluster, "has_gpu", lambda: True)
+    local_node.resources = {"GPU": 8.0, "CPU": 4.0}
+    with pytest.raises(cluster.PlacementError) as e:
+        cluster.create_placement(_cfg(actor_num_gpus_per_node=8, colocate=True))
+    assert str(e.value) == (
+        "the run needs 8 GPU bundle(s): max(--actor-num-nodes 1 × --actor-num-gpus-per-node 8, --rollout-num-gpus 8) "
+        "(--colocate), and the local Ray node has 4 CPUs (each GPU bundle also takes one; Ray counts the CPU limit); "
+        "lower those flags"
+    )
+
+
 def test_a_group_the_cluster_does_not_place_ends_after_the_bounded_wait(monkeypatch, caplog):
     # On a cluster nodes may join (an autoscaler): a shortfall is a warning, and the wait is bounded.
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     monkeypatch.setattr(cluster, "has_gpu", lambda: True)
     monkeypatch.setattr(cluster, "PLACEMENT_GROUP_TIMEOUT_S", 90)
-    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"GPU": 4.0})
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"GPU": 4.0, "CPU": 64.0})
     monkeypatch.setattr(cluster.ray, "available_resources", lambda: {"GPU": 1.0})
     waits, removed = [], []
     group = types.SimpleNamespace(ready=lambda: "ready-ref")

@@ -201,7 +201,9 @@ def create_placement(cfg: SlimeArgs) -> Placement:
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
     resource, local = ("GPU" if use_gpu else "CPU"), not ray_address(cfg)
     need = f"{num_bundles} {resource} bundle(s): {layout_text(cfg)}"
-    check_capacity(num_bundles, resource, ray.cluster_resources().get(resource, 0), need, local=local)
+    totals = ray.cluster_resources()
+    for kind in bundle:  # a GPU bundle also takes a CPU (a container's CPU limit can be below its GPU count)
+        check_capacity(num_bundles, kind, totals.get(kind, 0), need, local=local, gpu_machine=use_gpu)
     group = placement_group([dict(bundle) for _ in range(num_bundles)], strategy="PACK")
     wait_for_group(group, num_bundles, resource, need)
     infos = ray.get(
@@ -259,16 +261,20 @@ def layout_text(cfg: SlimeArgs) -> str:
     return f"{actor}{critic} + {rollout} (not colocated)"
 
 
-def check_capacity(num_bundles: int, resource: str, total: float, need: str, *, local: bool) -> None:
+def check_capacity(
+    num_bundles: int, resource: str, total: float, need: str, *, local: bool, gpu_machine: bool = False
+) -> None:
     """Refuses a layout a local Ray node cannot hold, before its placement group would wait for it forever.
 
     Args:
         num_bundles: bundles the layout needs (one `resource` each).
-        resource: "GPU", or "CPU" on a machine without CUDA (a bundle is then one of the node's CPU slots).
+        resource: "GPU" or "CPU" (on a machine without CUDA a bundle is one of the node's CPU slots; with CUDA each
+            GPU bundle also takes one CPU).
         total: how many of `resource` the Ray cluster has registered (`ray.cluster_resources()`).
         need: the layout in words (`layout_text`), named in the message.
         local: whether the run started this Ray node (it cannot grow); on a cluster an autoscaler may add nodes, so
             a shortfall is only logged and `wait_for_group` bounds the wait.
+        gpu_machine: whether the bundles hold GPUs (words the CPU shortfall).
 
     Raises:
         PlacementError: a local node with fewer than `num_bundles` of `resource` (the message names the flags).
@@ -276,12 +282,15 @@ def check_capacity(num_bundles: int, resource: str, total: float, need: str, *, 
     if num_bundles <= total:
         return
     if local:
-        where = (
-            f"this machine has {total:g} GPU(s) (CUDA_VISIBLE_DEVICES)"
-            if resource == "GPU"
-            else f"the local Ray node has {total:g} CPU slots (no CUDA here: each GPU the flags name takes one slot, "
-            "max(cores, 8) of them)"
-        )
+        if resource == "GPU":
+            where = f"this machine has {total:g} GPU(s) (CUDA_VISIBLE_DEVICES)"
+        elif gpu_machine:
+            where = f"the local Ray node has {total:g} CPUs (each GPU bundle also takes one; Ray counts the CPU limit)"
+        else:
+            where = (
+                f"the local Ray node has {total:g} CPU slots (no CUDA here: each GPU the flags name takes one slot, "
+                "max(cores, 8) of them)"
+            )
         raise PlacementError(f"the run needs {need}, and {where}; lower those flags")
     logger.warning(
         "the run needs %s; the Ray cluster has %g %s registered: waiting up to %d s for nodes to join",
