@@ -125,3 +125,46 @@ def test_the_cli_refuses_the_layout_in_one_line_with_exit_2(tmp_path):
     ]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "engine_logs").exists()  # no engine was started
+
+
+@pytest.mark.parametrize(
+    ("fields", "bundles"),
+    [
+        ({"rollout_num_gpus": 4}, 2),  # disaggregated: the actor's 2 only, not 2 + 4
+        ({"rollout_num_gpus": 4, "colocate": True}, 2),  # colocated: not max(2, 4)
+        ({"rollout_num_gpus": 2, "colocate": True}, 2),
+    ],
+)
+def test_external_engines_get_no_bundles(monkeypatch, caplog, fields, bundles):
+    # Issue 27: with --rollout-external-engine-addrs (engines started elsewhere), --rollout-num-gpus still reserved
+    # bundles that no engine would ever use: 6 GPUs for a 2-rank trainer (on an 8-GPU machine with the original's
+    # script, 16 bundles: the run waited for GPUs it did not need). The original places the actor's only.
+    made = {}
+
+    def fake_group(specs, strategy):
+        made["bundles"] = len(specs)
+        return types.SimpleNamespace(ready=lambda: "ready-ref")
+
+    def fake_info_options(num_gpus, scheduling_strategy):
+        index = scheduling_strategy.placement_group_bundle_index
+        return types.SimpleNamespace(remote=lambda: ("10.0.0.1", "node-a", index))
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(cluster, "has_gpu", lambda: True)
+    monkeypatch.setattr(cluster, "placement_group", fake_group)
+    monkeypatch.setattr(cluster, "_bundle_info", types.SimpleNamespace(options=fake_info_options))
+    monkeypatch.setattr(cluster.ray, "get", lambda refs, timeout=None: refs)
+    monkeypatch.setattr(cluster.ray, "wait", lambda refs, timeout=None: (refs, []))
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"GPU": 8, "CPU": 64})
+    cfg = _cfg(actor_num_gpus_per_node=2, rollout_engine_urls=["http://10.0.0.9:30000"], **fields)
+    with caplog.at_level("WARNING", logger="slime_app.cluster"):
+        placement = cluster.create_placement(cfg)
+    assert made["bundles"] == bundles
+    assert (placement.actor_bundles, placement.rollout_bundles) == ([0, 1], [])
+    warned = [r.getMessage() for r in caplog.records]
+    reserved = fields["rollout_num_gpus"] > (2 if fields.get("colocate") else 0)
+    assert warned == (
+        [f"--rollout-num-gpus {fields['rollout_num_gpus']}: no GPUs are reserved for engines given by "
+         "--rollout-engine-urls (--rollout-external-engine-addrs); they run where they were started"]
+        if reserved else []
+    )  # fmt: skip

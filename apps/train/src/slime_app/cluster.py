@@ -4,6 +4,8 @@ Layout (as in the original, §1.2 of the feature inventory):
 - colocated: `max(actor_gpus, rollout_gpus)` bundles; trainer rank i and the engines share bundle i.
 - disaggregated: `actor_gpus + rollout_gpus` bundles; engines start at bundle `actor_gpus`.
 - `--debug-rollout-only`: rollout bundles only; `--debug-train-only`: actor bundles only.
+- external engines (`--rollout-engine-urls`, `--rollout-external-engine-addrs`): no rollout bundles (the original's
+  layout for them); `--rollout-num-gpus` then reserves nothing.
 - PPO: the critic's ranks share the actor's bundles (the original's layout), or, with
   `--critic-num-nodes/--critic-num-gpus-per-node`, get `actor_gpus` bundles of their own right after the
   actor's (before the engines' when disaggregated).
@@ -181,6 +183,13 @@ def create_placement(cfg: SlimeArgs) -> Placement:
     use_gpu = has_gpu()
     actor_gpus = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
     rollout_gpus = cfg.rollout_num_gpus or 0
+    if cfg.rollout_engine_urls:  # engines started elsewhere: no bundle of ours would hold one (the original's layout)
+        if rollout_gpus > (actor_gpus if cfg.colocate else 0):
+            logger.warning(
+                "--rollout-num-gpus %d: no GPUs are reserved for engines given by --rollout-engine-urls "
+                "(--rollout-external-engine-addrs); they run where they were started", rollout_gpus,
+            )  # fmt: skip
+        rollout_gpus = 0
     # The critic's own GPUs (validation made them as many as the actor's); 0 when it shares the actor's.
     critic_gpus = actor_gpus if cfg.use_critic and cfg.critic_num_nodes is not None else 0
     if cfg.debug_rollout_only:
@@ -251,6 +260,8 @@ def layout_text(cfg: SlimeArgs) -> str:
     """
     actor = f"--actor-num-nodes {cfg.actor_num_nodes} × --actor-num-gpus-per-node {cfg.actor_num_gpus_per_node}"
     rollout = f"--rollout-num-gpus {cfg.rollout_num_gpus or 0}"
+    if cfg.rollout_engine_urls:
+        rollout = "0 rollout GPUs (external engines: --rollout-engine-urls)"
     critic = " + as many for the critic (--critic-num-nodes)" if cfg.use_critic and cfg.critic_num_nodes else ""
     if cfg.debug_rollout_only:
         return f"{rollout} (--debug-rollout-only)"
