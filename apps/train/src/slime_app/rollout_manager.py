@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import importlib
 import logging
 import statistics
@@ -333,7 +334,7 @@ class RolloutManager:
 
     @ray.method(concurrency_group="control")
     def dispose(self) -> None:
-        """Stops the fully-async producer, the health monitor and the engines (no orphan processes).
+        """Stops the fully-async producer, the health monitor, the engines and the reward grading pool.
 
         On the "control" thread: the driver's teardown after Ctrl-C or a failure must not queue behind a generation
         or an engine start in flight (it waited for them, up to its 60 s limit, then logged a traceback). A generation
@@ -353,6 +354,12 @@ class RolloutManager:
             engines, self.engines = self.engines, None
         if engines is not None:
             engines.shutdown()
+        from slime_rollout.rewards.pool import shutdown_pool
+
+        # Its queues' named semaphores (/dev/shm/sem.mp-*) are unlinked when the queues are collected, or by the
+        # resource tracker at exit; Ray kills this process with its children, tracker included: 8 files left a run.
+        shutdown_pool(wait=True)
+        gc.collect()
 
     # ---- rollout -------------------------------------------------------------------------------
 
