@@ -138,6 +138,8 @@ def test_critic_bundles(monkeypatch, fields, actor, critic, rollout, total):
     monkeypatch.setattr(cluster, "placement_group", fake_group)
     monkeypatch.setattr(cluster, "_bundle_info", types.SimpleNamespace(options=fake_info_options))
     monkeypatch.setattr(cluster.ray, "get", lambda refs, timeout=None: refs)
+    monkeypatch.setattr(cluster.ray, "wait", lambda refs, timeout=None: (refs, []))
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"GPU": 8, "CPU": 64})
     placement = cluster.create_placement(_cfg(**fields))
     assert made["bundles"] == total
     assert (placement.actor_bundles, placement.critic_bundles, placement.rollout_bundles) == (actor, critic, rollout)

@@ -4,11 +4,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
+import ray
 import ray.exceptions
 
 from slime_app.demo import MODEL_DIR
-from slime_app.failures import actor_failure
+from slime_app.failures import actor_failure, memory_failure
 
 # What Ray 2.60 said when the rollout manager's process ended in a reward plugin's os._exit(3) (measured).
 DIED = (
@@ -70,4 +72,90 @@ def test_the_cli_ends_in_one_line_when_a_process_of_the_run_dies(tmp_path):
     assert out.returncode == 1, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("slime: error:")]
     assert errors == ["slime: error: " + actor_failure(_died())], out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+
+
+# ---- a process that raised out of memory (`slime_app.failures.memory_failure`) -------------------------------------
+
+CUDA_OOM = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is "
+    "free. Of the allocated memory 75.31 GiB is allocated by PyTorch"
+)
+
+
+class TrainActor:  # named as slime's trainer rank: the line names the process by its class
+    def train(self, rollout_id):
+        import torch
+
+        raise torch.OutOfMemoryError(CUDA_OOM)
+
+
+def test_a_trainer_rank_out_of_memory_is_one_line_naming_the_rank_and_the_flags(monkeypatch):
+    # Issue 27: a rank's CUDA OOM mid-step ended the run in Ray's traceback of the task (slime's and torch's frames,
+    # the allocator's message in the middle) with no `slime: error:` line. Real Ray: the wrapper it builds.
+    monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # workers run in this venv (as `slime_app.cluster` sets)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        actor = ray.remote(num_cpus=0)(TrainActor).remote()
+        pid, ip = ray.get(actor.__ray_call__.remote(lambda self: (os.getpid(), ray.util.get_node_ip_address())))
+        try:
+            ray.get(actor.train.remote(3))
+        except Exception as e:  # noqa: BLE001 - what the driver catches
+            error = e
+    finally:
+        ray.shutdown()
+    cfg = SimpleNamespace(save="/ckpt")
+    line = memory_failure(error, cfg)
+    assert line == (
+        f"out of memory in TrainActor.train of a trainer rank (pid {pid}, {ip}): OutOfMemoryError: {CUDA_OOM} "
+        "(lower the memory of a step: --max-tokens-per-gpu (with --use-dynamic-batch-size) or --micro-batch-size, "
+        "--log-probs-max-tokens-per-gpu, --gradient-checkpointing (FSDP) or --recompute-granularity (Megatron); "
+        "resume from the last checkpoint with --load /ckpt)"
+    )
+    assert memory_failure(ValueError("x"), cfg) is None
+    assert memory_failure(MemoryError(), SimpleNamespace(save=None)) == (
+        "out of memory: MemoryError: no message (lower the memory of a step: --max-tokens-per-gpu (with "
+        "--use-dynamic-batch-size) or --micro-batch-size, --log-probs-max-tokens-per-gpu, --gradient-checkpointing "
+        "(FSDP) or --recompute-granularity (Megatron))"
+    )
+
+
+def test_the_cli_ends_in_one_line_with_exit_1_when_a_rank_runs_out_of_memory(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import ray.exceptions, torch
+        from slime_app import loop
+        class Run:
+            def __init__(self, cfg):
+                self.tracker = None
+            def run(self):
+                cause = torch.OutOfMemoryError({CUDA_OOM!r})
+                raise ray.exceptions.RayTaskError(
+                    "TrainActor.train", "Traceback (most recent call last): ...", cause, "ray::TrainActor.train",
+                    pid=4242, ip="10.0.0.7",
+                ).as_instanceof_cause()
+            def close(self):
+                pass
+        loop.Run = Run
+        from slime_app.cli import main
+        sys.exit(main(sys.argv[1:]))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, "--hf-checkpoint", str(MODEL_DIR),
+         "--rollout-batch-size", "1", "--num-rollout", "1",
+         "--rollout-max-response-len", "8", "--output-dir",
+         str(tmp_path), "--rollout-engine", "reference", "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""},
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("slime: error:")]
+    assert errors == [
+        f"slime: error: out of memory in TrainActor.train of a trainer rank (pid 4242, 10.0.0.7): OutOfMemoryError: "
+        f"{CUDA_OOM} (lower the memory of a step: --max-tokens-per-gpu (with --use-dynamic-batch-size) or "
+        "--micro-batch-size, --log-probs-max-tokens-per-gpu, --gradient-checkpointing (FSDP) or "
+        "--recompute-granularity (Megatron))"
+    ], out.stderr[-3000:]
     assert "Traceback" not in out.stderr

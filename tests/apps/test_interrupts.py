@@ -142,3 +142,47 @@ def test_main_puts_the_handlers_back_for_a_program_that_calls_it():
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     assert main(["--no-such-flag"]) == 2  # in this process: pytest's own Ctrl-C handling must survive it
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+SLOW_GENERATE = """
+import asyncio
+
+
+async def generate(args, sample, sampling_params):
+    if sample.index == 0:
+        print("slow generation in flight", flush=True)  # reaches the driver's output (log_to_driver)
+    await asyncio.sleep(3600)  # a long generation (a long response, a slow environment)
+    return sample
+"""
+
+
+def test_a_signal_during_a_long_generation_stops_the_engines_without_waiting_for_it(tmp_path):
+    # Issue 27: the rollout manager's `dispose` queued behind the generation in flight (one thread per actor), so a
+    # SIGTERM mid-rollout waited out the driver's 60 s limit on it, logged "rollout manager did not shut down
+    # cleanly" with a GetTimeoutError traceback, and left the engines to die with Ray. Now `dispose` runs beside the
+    # generation and stops the engines at once. (--debug-rollout-only: no trainer needed to show it.)
+    from slime_app.demo import default_demo_argv
+
+    (tmp_path / "slow_generate.py").write_text(SLOW_GENERATE)
+    argv = [sys.executable, str(REPO / "apps" / "train"), *default_demo_argv(tmp_path / "run"), "--debug-rollout-only",
+            "--skip-eval-before-train", "--custom-generate-function-path", "slow_generate.generate"]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLIME_LOG_LEVEL": "INFO", "PYTHONPATH": str(tmp_path),
+           "RAY_ADDRESS": ""}  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "slow generation in flight" in line:
+                break
+        else:
+            pytest.fail("the run ended before its first generation:\n" + "".join(lines[-30:]))
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stdout.read()
+        status = proc.wait(timeout=240)
+    finally:
+        proc.kill()
+    assert status == 143, rest[-3000:]
+    assert "did not shut down cleanly" not in rest and "Traceback" not in rest, rest[-3000:]
+    engine_pids = [int(p) for p in re.findall(r"started engine pid (\d+)", "".join(lines) + rest)]
+    assert engine_pids and not any(os.path.exists(f"/proc/{pid}") for pid in engine_pids)

@@ -29,9 +29,10 @@ def main(argv: list[str], *, keep_signal_handlers: bool = False) -> int:
     are put back on return, unless `keep_signal_handlers` (the console script, which exits next: a copy of the
     signal `uv run` forwards late must still find them).
 
-    Exit codes: 0 done, 2 bad flags/config/data (a damaged --load included) or an unwritable output folder,
-    1 an engine failed or user code ran past its deadline (one line) or an unexpected error (its traceback),
-    3 stopped by a run-health check, 4 the local Ray node did not start, 5 a checkpoint, HF export or disk weight
+    Exit codes: 0 done, 2 bad flags/config/data (a damaged --load included, a layout the local node cannot hold) or an
+    unwritable output folder, 1 an engine failed or user code ran past its deadline (one line) or an unexpected error
+    (its traceback), 3 stopped by a run-health check, 4 the local Ray node did not start (or a cluster did not place
+    the run's placement group in time), 5 a checkpoint, HF export or disk weight
     push could not be written, 128 + the signal's number when SIGTERM (143) or SIGINT/Ctrl-C (130) stopped it
     (`slime_app.interrupts`).
     """
@@ -96,12 +97,14 @@ def _main(argv: list[str]) -> int:
         print(f"slime: error: {' '.join(str(e).split())}{_demo_hint(argv)}", file=sys.stderr)
         return 2
 
+    from slime_app.cluster import PlacementError, PlacementTimeout
     from slime_app.failures import (
         SaveFailed,
         actor_failure,
         deadline_failure,
         engine_failure,
         interrupted_resume_line,
+        memory_failure,
         plugin_failure,
     )
     from slime_app.guards import RunStopped, StartRefused
@@ -122,17 +125,23 @@ def _main(argv: list[str]) -> int:
     except RunStopped as e:
         print(f"slime: stopped: {e}", file=sys.stderr)
         return 3
-    except (RayStartupError, RayAddressError) as e:
+    except (RayStartupError, RayAddressError, PlacementTimeout) as e:
         print(f"slime: error: {e}", file=sys.stderr)
         return 4
     except SaveFailed as e:
         print(f"slime: error: {e}", file=sys.stderr)
         return 5
-    except StartRefused as e:
+    except (StartRefused, PlacementError) as e:
         print(f"slime: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        line = engine_failure(e, cfg) or deadline_failure(e) or actor_failure(e) or plugin_failure(e)
+        line = (
+            engine_failure(e, cfg)
+            or deadline_failure(e)
+            or actor_failure(e)
+            or plugin_failure(e)
+            or memory_failure(e, cfg)
+        )
         if line is None:
             raise
         logging.getLogger("slime_app.cli").debug("the run's failure", exc_info=e)

@@ -4,6 +4,8 @@ Layout (as in the original, §1.2 of the feature inventory):
 - colocated: `max(actor_gpus, rollout_gpus)` bundles; trainer rank i and the engines share bundle i.
 - disaggregated: `actor_gpus + rollout_gpus` bundles; engines start at bundle `actor_gpus`.
 - `--debug-rollout-only`: rollout bundles only; `--debug-train-only`: actor bundles only.
+- external engines (`--rollout-engine-urls`, `--rollout-external-engine-addrs`): no rollout bundles (the original's
+  layout for them); `--rollout-num-gpus` then reserves nothing.
 - PPO: the critic's ranks share the actor's bundles (the original's layout), or, with
   `--critic-num-nodes/--critic-num-gpus-per-node`, get `actor_gpus` bundles of their own right after the
   actor's (before the engines' when disaggregated).
@@ -35,7 +37,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 import ray  # noqa: E402
-from ray.util.placement_group import PlacementGroup, placement_group  # noqa: E402
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
 from slime_app import interrupts  # noqa: E402
@@ -45,8 +47,18 @@ from slime_rollout.engines.launch import nccl_cumem_enable  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-# How long the placement group may wait for its bundles (a busy cluster frees GPUs slowly).
+# How long the placement group may wait for its bundles on a cluster (a busy one frees GPUs slowly, an autoscaler adds
+# nodes); a local node cannot grow, so there a layout it cannot hold is refused before the group is made.
 PLACEMENT_GROUP_TIMEOUT_S = 600
+PLACEMENT_LOG_S = 30  # how often a pending group says what it waits for (the original's interval)
+
+
+class PlacementError(ValueError):
+    """The cluster cannot hold the run's layout (flags asking for more GPUs than it has); the one line to show."""
+
+
+class PlacementTimeout(RuntimeError):
+    """The placement group was not placed within `PLACEMENT_GROUP_TIMEOUT_S`; the one line to show."""
 
 
 def has_gpu() -> bool:
@@ -171,6 +183,13 @@ def create_placement(cfg: SlimeArgs) -> Placement:
     use_gpu = has_gpu()
     actor_gpus = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
     rollout_gpus = cfg.rollout_num_gpus or 0
+    if cfg.rollout_engine_urls:  # engines started elsewhere: no bundle of ours would hold one (the original's layout)
+        if rollout_gpus > (actor_gpus if cfg.colocate else 0):
+            logger.warning(
+                "--rollout-num-gpus %d: no GPUs are reserved for engines given by --rollout-engine-urls "
+                "(--rollout-external-engine-addrs); they run where they were started", rollout_gpus,
+            )  # fmt: skip
+        rollout_gpus = 0
     # The critic's own GPUs (validation made them as many as the actor's); 0 when it shares the actor's.
     critic_gpus = actor_gpus if cfg.use_critic and cfg.critic_num_nodes is not None else 0
     if cfg.debug_rollout_only:
@@ -189,8 +208,13 @@ def create_placement(cfg: SlimeArgs) -> Placement:
         return Placement(group=None, actor_bundles=[], rollout_bundles=[], rollout_gpu_ids=[], use_gpu=use_gpu)
 
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
+    resource, local = ("GPU" if use_gpu else "CPU"), not ray_address(cfg)
+    need = f"{num_bundles} {resource} bundle(s): {layout_text(cfg)}"
+    totals = ray.cluster_resources()
+    for kind in bundle:  # a GPU bundle also takes a CPU (a container's CPU limit can be below its GPU count)
+        check_capacity(num_bundles, kind, totals.get(kind, 0), need, local=local, gpu_machine=use_gpu)
     group = placement_group([dict(bundle) for _ in range(num_bundles)], strategy="PACK")
-    ray.get(group.ready(), timeout=PLACEMENT_GROUP_TIMEOUT_S)
+    wait_for_group(group, num_bundles, resource, need)
     infos = ray.get(
         [
             _bundle_info.options(
@@ -227,6 +251,83 @@ def create_placement(cfg: SlimeArgs) -> Placement:
         f", critic bundles {placement.critic_bundles}" if placement.critic_bundles else "",
     )
     return placement
+
+
+def layout_text(cfg: SlimeArgs) -> str:
+    """The placement's bundle count as the flags make it (`create_placement`'s arithmetic), for messages.
+
+    E.g. `--actor-num-nodes 1 × --actor-num-gpus-per-node 8 + --rollout-num-gpus 8 (not colocated)`.
+    """
+    actor = f"--actor-num-nodes {cfg.actor_num_nodes} × --actor-num-gpus-per-node {cfg.actor_num_gpus_per_node}"
+    rollout = f"--rollout-num-gpus {cfg.rollout_num_gpus or 0}"
+    if cfg.rollout_engine_urls:
+        rollout = "0 rollout GPUs (external engines: --rollout-engine-urls)"
+    critic = " + as many for the critic (--critic-num-nodes)" if cfg.use_critic and cfg.critic_num_nodes else ""
+    if cfg.debug_rollout_only:
+        return f"{rollout} (--debug-rollout-only)"
+    if cfg.debug_train_only:
+        return f"{actor}{critic} (--debug-train-only)"
+    if cfg.colocate:
+        return f"max({actor}, {rollout}){critic} (--colocate)"
+    return f"{actor}{critic} + {rollout} (not colocated)"
+
+
+def check_capacity(
+    num_bundles: int, resource: str, total: float, need: str, *, local: bool, gpu_machine: bool = False
+) -> None:
+    """Refuses a layout a local Ray node cannot hold, before its placement group would wait for it forever.
+
+    Args:
+        num_bundles: bundles the layout needs (one `resource` each).
+        resource: "GPU" or "CPU" (on a machine without CUDA a bundle is one of the node's CPU slots; with CUDA each
+            GPU bundle also takes one CPU).
+        total: how many of `resource` the Ray cluster has registered (`ray.cluster_resources()`).
+        need: the layout in words (`layout_text`), named in the message.
+        local: whether the run started this Ray node (it cannot grow); on a cluster an autoscaler may add nodes, so
+            a shortfall is only logged and `wait_for_group` bounds the wait.
+        gpu_machine: whether the bundles hold GPUs (words the CPU shortfall).
+
+    Raises:
+        PlacementError: a local node with fewer than `num_bundles` of `resource` (the message names the flags).
+    """
+    if num_bundles <= total:
+        return
+    if local:
+        if resource == "GPU":
+            where = f"this machine has {total:g} GPU(s) (CUDA_VISIBLE_DEVICES)"
+        elif gpu_machine:
+            where = f"the local Ray node has {total:g} CPUs (each GPU bundle also takes one; Ray counts the CPU limit)"
+        else:
+            where = (
+                f"the local Ray node has {total:g} CPU slots (no CUDA here: each GPU the flags name takes one slot, "
+                "max(cores, 8) of them)"
+            )
+        raise PlacementError(f"the run needs {need}, and {where}; lower those flags")
+    logger.warning(
+        "the run needs %s; the Ray cluster has %g %s registered: waiting up to %d s for nodes to join",
+        need, total, resource, PLACEMENT_GROUP_TIMEOUT_S,
+    )  # fmt: skip
+
+
+def wait_for_group(group: PlacementGroup, num_bundles: int, resource: str, need: str) -> None:
+    """Waits for the placement group, saying every `PLACEMENT_LOG_S` what it waits for; bounded.
+
+    Raises:
+        PlacementTimeout: not placed within `PLACEMENT_GROUP_TIMEOUT_S` (the group is removed; the message names the
+            layout and what the cluster has).
+    """
+    ready = group.ready()
+    waited = 0
+    while not ray.wait([ready], timeout=PLACEMENT_LOG_S)[0]:
+        waited += PLACEMENT_LOG_S
+        total = ray.cluster_resources().get(resource, 0)
+        free = ray.available_resources().get(resource, 0)
+        state = f"the cluster has {total:g} {resource} registered, {free:g} free"
+        if waited >= PLACEMENT_GROUP_TIMEOUT_S:
+            remove_placement_group(group)
+            raise PlacementTimeout(f"the run's placement group ({need}) was not placed within {waited} s: {state}")
+        logger.info("waiting for the placement group of %d %s bundle(s) (%d s): %s", num_bundles, resource, waited,
+                    state)  # fmt: skip
 
 
 def free_port() -> int:

@@ -38,6 +38,7 @@ __all__ = [
     "deadline_failure",
     "engine_failure",
     "interrupted_resume_line",
+    "memory_failure",
     "plugin_failure",
     "root_cause",
     "save_failed",
@@ -229,6 +230,55 @@ def actor_failure(error: BaseException) -> str | None:
         f"{f' ({exit_type.group(1)})' if exit_type else ''}: a plugin that calls os._exit, a crash in native code or "
         "the OOM killer (see `dmesg`) ends a process this way; its last log lines are above"
     )
+
+
+# The head of a task's traceback in Ray's error text: `ray::TrainActor.train() (pid=4242, ip=10.0.0.7` (colour codes
+# between the two when the driver's output is a terminal).
+_TASK_LINE = re.compile(r"ray::([\w.]+)\(\)(?:\x1b\[\d+m)? \(pid=(\d+), ip=([^,)\s]+)")
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether it is torch's `OutOfMemoryError` (CUDA), `MemoryError` (host), or an allocator's text for them."""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    return "CUDA out of memory" in str(error)[:500]
+
+
+def memory_failure(error: BaseException, cfg: SlimeArgs) -> str | None:
+    """The one line for a run ended by a process that ran out of memory (raised, not killed), or None for others.
+
+    A trainer rank whose step allocated past the GPU's memory ended the run in Ray's traceback of the rank's task
+    (40 lines of slime's and torch's frames, the allocator's message in the middle), with no `slime: error:` line.
+    The line names the process and its call (Ray's wrapper has both), the allocator's message, and the flags that
+    lower a step's memory. (A process the OOM killer ended is `actor_failure`'s.)
+
+    Args:
+        error: what the driver caught.
+        cfg: reads `save`, for the advice.
+    """
+    chain = _chain(error)
+    oom = next((e for e in chain if not isinstance(e, ray.exceptions.RayTaskError) and _out_of_memory(e)), None)
+    if oom is None:
+        return None
+    # Ray's wrapper (an instance of the cause's class too) keeps the failing call only in its text.
+    texts = (str(e) for e in chain if isinstance(e, ray.exceptions.RayTaskError))
+    task = next((m for text in texts if (m := _TASK_LINE.search(text))), None)
+    where = ""
+    if task is not None:
+        call, pid, ip = task.groups()
+        cls = call.split(".")[0]
+        who = _ACTORS.get(cls, f"actor {cls}") if "." in call else "a task"
+        where = f" in {call} of {who} (pid {pid}, {ip})"
+    message = " ".join(str(oom).split()) or "no message"
+    if len(message) > 300:  # torch's CUDA message goes on about the allocator's settings
+        message = message[:300] + " ..."
+    advice = (
+        "lower the memory of a step: --max-tokens-per-gpu (with --use-dynamic-batch-size) or --micro-batch-size, "
+        "--log-probs-max-tokens-per-gpu, --gradient-checkpointing (FSDP) or --recompute-granularity (Megatron)"
+    )
+    if cfg.save:
+        advice += f"; resume from the last checkpoint with --load {cfg.save}"
+    return f"out of memory{where}: {type(oom).__name__}: {message} ({advice})"
 
 
 # Where slime's own code and the environment's live: frames there are not the user's.

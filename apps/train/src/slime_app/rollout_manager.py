@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import importlib
 import logging
 import statistics
@@ -272,6 +273,8 @@ class RolloutManager:
         self.client = None
         self.template_checks_left = cfg.check_chat_template_samples  # multi-turn samples still to check
         self.supervisor = None  # the engine health monitor (--use-fault-tolerance)
+        self.disposed = False  # `dispose` ran: engines that `start` brings up afterwards are stopped at once
+        self._engines_lock = threading.Lock()  # `start` (default group) and `dispose` (control group) hand engines over
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -289,7 +292,12 @@ class RolloutManager:
             # model load and compile warm-up wait for this method).
             prefetch = prefetch_tokenizer(cfg.hf_checkpoint) if cfg.hf_checkpoint else None
             rollout_modules = _import_in_background("slime_rollout.generation.rollout")
-            self.engines, addresses = launch_or_attach_engines(cfg, self.placement)
+            engines, addresses = launch_or_attach_engines(cfg, self.placement)
+            with self._engines_lock:
+                self.engines, disposed = engines, self.disposed
+            if disposed:  # the run ended while they started (Ctrl-C during a long engine start)
+                self.dispose()
+                return []
             rollout_modules.join()
             if prefetch is not None:
                 prefetch.join()
@@ -324,8 +332,17 @@ class RolloutManager:
             self.cfg.rollout_health_check_first_wait,
         )
 
+    @ray.method(concurrency_group="control")
     def dispose(self) -> None:
-        """Stops the fully-async producer, the health monitor and the engines (no orphan processes)."""
+        """Stops the fully-async producer, the health monitor, the engines and the reward grading pool.
+
+        On the "control" thread: the driver's teardown after Ctrl-C or a failure must not queue behind a generation
+        or an engine start in flight (it waited for them, up to its 60 s limit, then logged a traceback). A generation
+        in flight then fails on the stopped engines; its result is not awaited. Engines that `start` brings up after
+        this are stopped as soon as they are up.
+        """
+        with self._engines_lock:
+            self.disposed = True
         if is_fully_async(self.cfg):
             from slime_rollout.generation.fully_async import stop_producer
 
@@ -333,9 +350,16 @@ class RolloutManager:
         if self.supervisor is not None:
             self.supervisor.stop()
             self.supervisor = None
-        if self.engines is not None:
-            self.engines.shutdown()
-            self.engines = None
+        with self._engines_lock:
+            engines, self.engines = self.engines, None
+        if engines is not None:
+            engines.shutdown()
+        from slime_rollout.rewards.pool import shutdown_pool
+
+        # Its queues' named semaphores (/dev/shm/sem.mp-*) are unlinked when the queues are collected, or by the
+        # resource tracker at exit; Ray kills this process with its children, tracker included: 8 files left a run.
+        shutdown_pool(wait=True)
+        gc.collect()
 
     # ---- rollout -------------------------------------------------------------------------------
 

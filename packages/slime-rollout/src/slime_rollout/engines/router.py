@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from slime_rollout.engines.listeners import serves_port
 from slime_rollout.engines.process import EngineProcess, find_free_port, start_engine_process
 
 if TYPE_CHECKING:
@@ -72,6 +73,9 @@ def build_router_command(
     return cmd
 
 
+PORT_ATTEMPTS = 3  # router starts on fresh ports when another process answers on the probed one
+
+
 def start_router(
     cfg: SlimeArgs,
     *,
@@ -87,25 +91,33 @@ def start_router(
         startup_timeout_s: seconds to wait for `/health`.
         max_concurrent_requests: see `build_router_command`.
 
+    The answer to the health check must come from the started router (`slime_rollout.engines.listeners`): a
+    router of another run started at the same moment can bind the probed port first; then another port is tried.
+
     Raises:
-        RuntimeError: sglang-router is not installed, or the router exited during startup.
+        RuntimeError: sglang-router is not installed, the router exited during startup, or `PORT_ATTEMPTS` ports
+            were each served by another process.
     """
     if not router_available():
         raise RuntimeError("sglang-router is not installed (pip install 'slime-rollout[router]')")
-    port = find_free_port(host, 3000)
-    prometheus_port = find_free_port(host, 4000)
-    proc = start_engine_process(
-        build_router_command(
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = find_free_port(host, 3000)  # not one handed out before in this process: a retry moves on
+        prometheus_port = find_free_port(host, 4000)
+        command = build_router_command(
             cfg, host=host, port=port, prometheus_port=prometheus_port, max_concurrent_requests=max_concurrent_requests
-        ),
-        url=f"http://{host}:{port}",
-    )
-    try:
-        proc.wait_healthy(startup_timeout_s, endpoint="/health")
-    except BaseException:
+        )
+        proc = start_engine_process(command, url=f"http://{host}:{port}")
+        try:
+            proc.wait_healthy(startup_timeout_s, endpoint="/health")
+            if serves_port(proc.pid, host, port) is not False:
+                return proc
+        except BaseException:
+            proc.shutdown()
+            raise
+        # Another run's router bound the port between the probe and our bind, and answered our health check.
         proc.shutdown()
-        raise
-    return proc
+        logger.warning("router port %d is served by another process (attempt %d/%d)", port, attempt, PORT_ATTEMPTS)
+    raise RuntimeError(f"no router port of its own on {host} in {PORT_ATTEMPTS} attempts: other processes took each")
 
 
 def register_worker(router_url: str, worker_url: str, *, worker_type: str = "regular", timeout_s: float = 60.0) -> None:

@@ -130,8 +130,12 @@ def _watch_startup(
             done.set_exception(PoolStartupError(f"reward grading pool: {error}"))
 
 
-def _kill(pool: concurrent.futures.ProcessPoolExecutor) -> None:
-    """Kills a pool's workers without waiting for their current calls, then shuts it down."""
+def _kill(pool: concurrent.futures.ProcessPoolExecutor, wait: bool = False) -> None:
+    """Kills a pool's workers without waiting for their current calls, then shuts it down.
+
+    `wait`: also join the pool's management thread (quick: the workers are dead), which holds its queues until it
+    ends; only then can they be collected, which unlinks their named semaphores.
+    """
     kill_workers = getattr(pool, "kill_workers", None)  # public since Python 3.14
     if kill_workers is not None:
         kill_workers()
@@ -142,7 +146,7 @@ def _kill(pool: concurrent.futures.ProcessPoolExecutor) -> None:
                 process.kill()
             except (OSError, ValueError):  # already gone or closed
                 pass
-    pool.shutdown(wait=False, cancel_futures=True)
+    pool.shutdown(wait=wait, cancel_futures=True)
 
 
 def _acquire(num_workers: int) -> tuple[concurrent.futures.ProcessPoolExecutor, int, concurrent.futures.Future]:
@@ -193,13 +197,19 @@ def _retire(generation: int, why: str = "a worker is stuck or crashed") -> None:
     _kill(old)
 
 
-def shutdown_pool() -> None:
-    """Kills the process-wide grading pool, if any (a later call starts a new one). Idempotent."""
+def shutdown_pool(wait: bool = False) -> None:
+    """Kills the process-wide grading pool, if any (a later call starts a new one). Idempotent.
+
+    Args:
+        wait: join the pool's management thread too, so that its queues (and their named semaphores in /dev/shm) go
+            with the next garbage collection rather than at this process's orderly exit (a process killed with
+            its children, the resource tracker among them, left them behind).
+    """
     global _pool
     with _lock:
         old, _pool = _pool, None
     if old is not None:
-        _kill(old)
+        _kill(old, wait=wait)
 
 
 def has_returned() -> bool:

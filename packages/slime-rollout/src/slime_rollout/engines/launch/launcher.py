@@ -13,12 +13,14 @@ import logging
 import os
 import pathlib
 import time
+import urllib.parse
 from typing import TYPE_CHECKING
 
 from slime_core.extensions import ROLLOUT_ENGINES
 from slime_rollout.engines.launch.common import EngineKind, PortTaken
 from slime_rollout.engines.launch.reference import ReferenceKind
 from slime_rollout.engines.launch.sglang import SGLangKind
+from slime_rollout.engines.listeners import serves_port
 from slime_rollout.engines.process import EngineProcess, find_free_port, port_reusable, start_engine_process
 
 if TYPE_CHECKING:
@@ -184,6 +186,10 @@ def _wait_own_engine(proc: EngineProcess, kind: EngineKind, timeout_s: float) ->
         if "address already in use" in proc.log_tail().lower():
             raise PortTaken(f"port of {proc.url} already in use") from exc
         raise
+    url = urllib.parse.urlsplit(proc.url)
+    if serves_port(proc.pid, url.hostname or "", url.port or 0) is False:
+        # Another run's engine bound the port first (ours binds only once loaded): its answers are not ours.
+        raise PortTaken(f"{proc.url} is served by another process, not by engine pid {proc.pid} or its children")
     kind.check_own(proc)
     time.sleep(0.2)
     if not proc.alive():  # e.g. SGLang lost the bind race and a foreign server answered the health check
