@@ -193,3 +193,18 @@ def test_the_curve_of_a_resumed_run_starts_at_the_first_rollout(tmp_path):
     assert resumed.history["rollout/raw_reward"] == [(0, 0.1), (1, 0.2), (2, 0.3)]
     assert resumed.eval_series() == {"eval/gsm8k": [(2, 0.5)]}
     assert resumed.save_curve(str(tmp_path / "curve.png")) == str(tmp_path / "curve.png")
+
+
+def test_eval_curves_are_the_dataset_scores_not_their_pass_at_k_or_aborted_share(tmp_path):
+    # With --log-passrate the eval also writes eval/<name>-pass@<k> (and eval/<name>-aborted_ratio when samples were
+    # aborted): they were taken as datasets of their own, printed as accuracy series at the end of the run and drawn
+    # as "(mean reward)" curves in the PNG.
+    tracker = Tracker(_args("--no-use-tensorboard"), str(tmp_path))
+    for step, score in ((0, 0.25), (1, 0.5)):
+        tracker.log(step, {
+            "eval/gsm8k": score, "eval/gsm8k-truncated_ratio": 0.0, "eval/gsm8k-aborted_ratio": 0.125,
+            "eval/gsm8k-pass@1": score, "eval/gsm8k-pass@4": 0.75, "eval/gsm8k/response_len/mean": 7.0,
+            "eval/math-500": 0.125, "perf/eval_time": 3.0,
+        })  # fmt: skip
+    assert tracker.eval_series() == {"eval/gsm8k": [(0, 0.25), (1, 0.5)], "eval/math-500": [(0, 0.125), (1, 0.125)]}
+    assert set(tracker.state()["curves"]) == {"eval/gsm8k", "eval/math-500"}  # what a resumed run draws

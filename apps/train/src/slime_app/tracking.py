@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import uuid
 from collections import defaultdict
@@ -40,6 +41,20 @@ _COMPACT = [
     ("goodput/trained_fraction", "trained"),
     ("perf/step_time", "step_s"),
 ]
+
+
+# What the eval writes beside a dataset's score `eval/<name>` (`slime_rollout.generation.eval`): its truncated and
+# aborted shares and, with `--log-passrate`, its pass@k.
+_EVAL_DERIVED = re.compile(r"-(truncated_ratio|aborted_ratio|pass@\d+)$")
+
+
+def is_eval_score(key: str) -> bool:
+    """Whether `key` is an eval dataset's score, `eval/<name>` (its mean reward), not a statistic logged beside it.
+
+    Not `eval/<name>-truncated_ratio`, `-aborted_ratio`, `-pass@<k>` nor `eval/<name>/...`; the curve PNG, the
+    closing summary and the instability monitor's eval rule take only the scores.
+    """
+    return key.startswith("eval/") and key.count("/") == 1 and not _EVAL_DERIVED.search(key)
 
 
 def tensorboard_log_dir(cfg: SlimeArgs, output_dir: str) -> str:
@@ -202,12 +217,8 @@ class Tracker:
         self.console.print(f"[bold cyan]eval @ rollout {step}[/bold cyan] " + escape(" ".join(parts)))
 
     def eval_series(self, key_prefix: str = "eval/") -> dict[str, list[tuple[int, float]]]:
-        """The recorded eval curves (one per dataset)."""
-        return {
-            k: v
-            for k, v in self.history.items()
-            if k.startswith(key_prefix) and k.count("/") == 1 and not k.endswith("-truncated_ratio")
-        }
+        """The recorded eval scores, one curve per dataset (`is_eval_score`)."""
+        return {k: v for k, v in self.history.items() if k.startswith(key_prefix) and is_eval_score(k)}
 
     def state(self) -> dict[str, Any]:
         """The series the curve PNG draws (`rollout/raw_reward`, `eval_series`), for a checkpoint.
