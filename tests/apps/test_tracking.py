@@ -208,3 +208,39 @@ def test_eval_curves_are_the_dataset_scores_not_their_pass_at_k_or_aborted_share
         })  # fmt: skip
     assert tracker.eval_series() == {"eval/gsm8k": [(0, 0.25), (1, 0.5)], "eval/math-500": [(0, 0.125), (1, 0.125)]}
     assert set(tracker.state()["curves"]) == {"eval/gsm8k", "eval/math-500"}  # what a resumed run draws
+
+
+class _AuthenticationError(Exception):
+    """Stands for `wandb.errors.AuthenticationError` (no common base with wandb's other errors)."""
+
+
+@pytest.mark.parametrize(
+    ("failing", "error", "expected"),
+    [
+        ("login", _AuthenticationError("API key must have 40+ characters,\n has 3."),
+         "--use-wandb: W&B login failed (--wandb-key, --wandb-host https://wb.local): _AuthenticationError: API key "
+         "must have 40+ characters, has 3."),
+        ("init", TimeoutError("Run initialization has timed out after 90.0 sec."),
+         "--use-wandb: W&B could not start the run (--wandb-team team, --wandb-project p): TimeoutError: Run "
+         "initialization has timed out after 90.0 sec.; --wandb-mode offline keeps it on disk (`wandb sync` "
+         "uploads it later)"),
+    ],
+)  # fmt: skip
+def test_a_wandb_login_or_start_failure_is_one_line_naming_the_flags(monkeypatch, tmp_path, failing, error, expected):
+    # wandb.login / wandb.init raised their own errors out of the Tracker, past the command line's one-line
+    # handlers: a traceback (the key given with --wandb-key stays out of the line).
+    from slime_app.guards import StartRefused
+
+    fake = _FakeWandb()
+
+    def fail(**kw):
+        raise error
+
+    monkeypatch.setattr(fake, failing, fail)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    args = _args("--use-wandb", "--wandb-key", "secret-key-123", "--wandb-host", "https://wb.local",
+                 "--wandb-team", "team", "--wandb-project", "p", "--no-use-tensorboard")  # fmt: skip
+    with pytest.raises(StartRefused) as caught:
+        Tracker(args, str(tmp_path))
+    assert str(caught.value) == expected and "secret-key-123" not in str(caught.value)

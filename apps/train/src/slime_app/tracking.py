@@ -17,6 +17,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from slime_app.guards import StartRefused
 from slime_app.progress import RunProgress
 from slime_core.config import SlimeArgs
 
@@ -127,6 +128,10 @@ class Tracker:
 
     Attributes:
         tensorboard_dir: where TensorBoard events go; None without `--use-tensorboard`.
+
+    Raises:
+        ValueError: `--use-wandb` without the `wandb` package.
+        StartRefused: W&B refused the login or did not start the run (`_start_wandb`).
     """
 
     def __init__(self, cfg: SlimeArgs, output_dir: str, progress: RunProgress | None = None):
@@ -149,12 +154,10 @@ class Tracker:
             except ImportError:
                 raise ValueError("--use-wandb: the `wandb` package is not installed (pip install wandb)") from None
             login = wandb_login_kwargs(cfg)
-            if login is not None:
-                wandb.login(**login)
             init = wandb_init_kwargs(cfg, suffix=uuid.uuid4().hex[:8])
             if "dir" in init:
                 os.makedirs(init["dir"], exist_ok=True)  # wandb does not create it
-            self._wandb = wandb.init(**init)
+            self._wandb = _start_wandb(wandb, login, init)
             # Every metric against one x-axis (see `x_step`), not W&B's own call counter. The original's other
             # axes, `train/step` and `eval/step`, are logged beside it (`log`), so its saved panels still plot.
             self._wandb.define_metric("rollout/step")
@@ -275,6 +278,31 @@ class Tracker:
             self._tb.close()
         if self._wandb is not None:
             finish_wandb(self._wandb)
+
+
+def _start_wandb(wandb: Any, login: dict[str, Any] | None, init: dict[str, Any]) -> Any:
+    """`wandb.login(**login)` (when not None), then the run of `wandb.init(**init)`.
+
+    Raises:
+        StartRefused: W&B refused the key or host, or could not start the run (no network within its init timeout,
+            an unknown entity or project): one line naming the flags, before Ray or any engine starts. A traceback
+            before.
+    """
+    try:
+        if login is not None:
+            wandb.login(**login)
+    except Exception as e:  # wandb's own errors have no common base with requests' and ValueError
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        flags = f"--wandb-key, --wandb-host {login['host']}"
+        raise StartRefused(f"--use-wandb: W&B login failed ({flags}): {reason}") from e
+    try:
+        return wandb.init(**init)
+    except Exception as e:
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        raise StartRefused(
+            f"--use-wandb: W&B could not start the run (--wandb-team {init['entity']}, --wandb-project "
+            f"{init['project']}): {reason}; --wandb-mode offline keeps it on disk (`wandb sync` uploads it later)"
+        ) from e
 
 
 def finish_wandb(run: Any, timeout_s: float | None = None) -> bool:
