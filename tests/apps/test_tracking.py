@@ -1,5 +1,6 @@
 """The metrics sink: TensorBoard directory and x-axis, and the W&B calls built from the `--wandb-*` flags."""
 
+import math
 import sys
 import types
 
@@ -244,3 +245,26 @@ def test_a_wandb_login_or_start_failure_is_one_line_naming_the_flags(monkeypatch
     with pytest.raises(StartRefused) as caught:
         Tracker(args, str(tmp_path))
     assert str(caught.value) == expected and "secret-key-123" not in str(caught.value)
+
+
+def test_a_nan_or_infinite_metric_is_written_and_said_once(tmp_path, caplog):
+    # NaN and infinite values went to TensorBoard and W&B with no word (a dashboard shows them as gaps).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tracker = Tracker(_args("--tensorboard-dir", str(tmp_path / "tb")), str(tmp_path))
+    with caplog.at_level("WARNING", logger="slime_app.tracking"):
+        tracker.log(0, {"train/loss": 0.5, "train/grad_norm": 1.0})
+        tracker.log(1, {"train/loss": float("nan"), "train/grad_norm": float("inf")})
+        tracker.log(2, {"train/loss": float("nan"), "train/grad_norm": 2.0})  # still NaN: not said again
+        tracker.log(3, {"train/loss": 0.25, "train/grad_norm": float("-inf")})
+        tracker.log(4, {"train/loss": float("nan")})
+    tracker.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "rollout 1: non-finite metrics: train/grad_norm=inf, train/loss=nan",
+        "rollout 3: non-finite metrics: train/grad_norm=-inf",
+        "rollout 4: non-finite metrics: train/loss=nan",
+    ]
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == [0, 1, 2, 3, 4]  # written, not dropped
+    assert math.isnan(acc.Scalars("train/loss")[1].value)

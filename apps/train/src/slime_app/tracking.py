@@ -7,6 +7,7 @@ TensorBoard (default) and W&B (`--use-wandb`), one compact line per rollout unde
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import threading
@@ -141,6 +142,7 @@ class Tracker:
         self.progress = progress or RunProgress()
         self.console = self.progress.console
         self.tensorboard_dir: str | None = None
+        self._nonfinite: set[str] = set()  # keys whose last value was NaN or infinite (warned when they became so)
         self._tb = None
         self._wandb = None
         if cfg.use_tensorboard:
@@ -182,7 +184,12 @@ class Tracker:
         return rollout_id * self.cfg.num_steps_per_rollout
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Records metrics for rollout `step` (keys like `rollout/raw_reward`, `eval/demo`)."""
+        """Records metrics for rollout `step` (keys like `rollout/raw_reward`, `eval/demo`).
+
+        NaN and infinite values are written as they are (as the original does), with one warning naming the keys
+        when they become non-finite (again once they were finite in between): a NaN loss or grad norm, a log-prob
+        average over an empty mask, showed only as a gap in a dashboard.
+        """
         x = self.x_step(step)
         for key, value in metrics.items():
             if value is None:
@@ -191,8 +198,19 @@ class Tracker:
             self.history[key].append((step, value))
             if self._tb is not None:
                 self._tb.add_scalar(key, value, x)
+        self._warn_nonfinite(step, metrics)
         if self._wandb is not None:
             self._wandb.log({**metrics, **self._wandb_steps(step, metrics), "rollout/step": x})
+
+    def _warn_nonfinite(self, step: int, metrics: dict[str, float]) -> None:
+        nonfinite = {k: float(v) for k, v in metrics.items() if v is not None and not math.isfinite(float(v))}
+        self._nonfinite -= {k for k, v in metrics.items() if v is not None and k not in nonfinite}
+        new = sorted(k for k in nonfinite if k not in self._nonfinite)
+        if new:
+            logger.warning(
+                "rollout %d: non-finite metrics: %s", step, ", ".join(f"{k}={nonfinite[k]}" for k in new)
+            )  # fmt: skip
+        self._nonfinite |= set(nonfinite)
 
     def _wandb_steps(self, rollout_id: int, metrics: dict[str, float]) -> dict[str, int]:
         """The original's W&B x-axes besides `rollout/step`, for the keys present.
