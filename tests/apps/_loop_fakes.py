@@ -85,6 +85,9 @@ class Tracker:
     def log(self, step, metrics):
         self.logged.setdefault(step, {}).update(metrics)
 
+    def resume_at(self, rollout_id):
+        self.resumed_at = rollout_id
+
     def rollout_done(self, step, metrics):
         pass
 

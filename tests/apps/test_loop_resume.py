@@ -47,9 +47,11 @@ def test_the_data_cursor_is_the_one_before_the_start_rollout(monkeypatch, traine
     events = []
     unbuilt_run(monkeypatch, events, lambda: _ResumedTrainer(events, trainer_start))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.placement = cfg, None
+    run.cfg, run.placement, run.tracker = cfg, None, Tracker()
     assert run.build() == start
     assert [e for e in events if e[0] == "load"] == cursor
+    # TensorBoard hides what an earlier run logged from the start rollout on (Tracker.resume_at), with the cursor.
+    assert getattr(run.tracker, "resumed_at", None) == (start if cursor else None)
 
 
 class _PinningGroup(TrainGroup):

@@ -268,3 +268,28 @@ def test_a_nan_or_infinite_metric_is_written_and_said_once(tmp_path, caplog):
     acc.Reload()
     assert [e.step for e in acc.Scalars("train/loss")] == [0, 1, 2, 3, 4]  # written, not dropped
     assert math.isnan(acc.Scalars("train/loss")[1].value)
+
+
+@pytest.mark.parametrize(("train_step", "scale"), [(False, 1), (True, 4)])
+def test_a_resumed_run_replaces_the_points_of_the_rollouts_it_does_again(tmp_path, train_step, scale):
+    # Resumed from the checkpoint of rollout 1 in the same folder, the run logged rollouts 2-3 again: TensorBoard
+    # showed two points at each of those steps for every key. `resume_at` marks the restart (SummaryWriter's
+    # purge_step), so TensorBoard keeps only the resumed run's points from there on.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    flags = ("--tensorboard-dir", str(tmp_path / "tb"), *(["--wandb-always-use-train-step"] if train_step else []))
+    first = Tracker(_args(*flags), str(tmp_path))
+    for step in range(4):
+        first.log(step, {"rollout/raw_reward": step / 10, "perf/update_weights_time": 1.0})
+    first.close()
+    resumed = Tracker(_args(*flags), str(tmp_path))
+    resumed.resume_at(2)
+    for step in (2, 3):
+        resumed.log(step, {"rollout/raw_reward": 0.5 + step / 10})
+    resumed.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    points = [(e.step, round(e.value, 6)) for e in acc.Scalars("rollout/raw_reward")]
+    assert points == [(0, 0.0), (1 * scale, 0.1), (2 * scale, 0.7), (3 * scale, 0.8)]
+    # A key the resumed run did not log again keeps only the points before the restart.
+    assert [e.step for e in acc.Scalars("perf/update_weights_time")] == [0, 1 * scale]

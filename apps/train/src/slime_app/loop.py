@@ -197,6 +197,7 @@ class Run:
         if cfg.start_rollout_id is not None:
             start = cfg.start_rollout_id
         if start > 0 and cfg.num_rollout > 0:  # an eval-only run (--num-rollout 0) draws no prompt
+            self.tracker.resume_at(start)  # before the first point: the rollouts done again hide their earlier points
             # As the original: the data cursor of the rollout before the one the run starts at, --start-rollout-id
             # included (it was the checkpoint's, so the prompts did not follow the rollout ids).
             ray.get(self.manager.load.remote(start - 1))

@@ -143,13 +143,11 @@ class Tracker:
         self.console = self.progress.console
         self.tensorboard_dir: str | None = None
         self._nonfinite: set[str] = set()  # keys whose last value was NaN or infinite (warned when they became so)
-        self._tb = None
+        self._tb = None  # the SummaryWriter, opened at the first point (`_tensorboard`)
+        self._tb_purge_step: int | None = None
         self._wandb = None
         if cfg.use_tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
             self.tensorboard_dir = tensorboard_log_dir(cfg, output_dir)
-            self._tb = SummaryWriter(self.tensorboard_dir)
         if cfg.use_wandb:
             try:
                 import wandb
@@ -172,6 +170,26 @@ class Tracker:
         self.progress.set_rollouts(start_rollout_id, num_rollout)
         self.progress.start()
 
+    def resume_at(self, rollout_id: int) -> None:
+        """Hides, in TensorBoard, what earlier runs wrote into this run's folder at or after rollout `rollout_id`.
+
+        A run resumed at `rollout_id` (`--load`, `--start-rollout-id`) in the folder of the run it continues logs
+        again the rollouts that run did after its checkpoint: every key had two points at those steps, and the
+        curves doubled back. SummaryWriter's `purge_step` (a `SessionLog.START` at that step, which TensorBoard
+        reads as a restart) hides the earlier points from `x_step(rollout_id)` on. Call before the first `log`;
+        W&B has no such mark (a resumed `--wandb-run-id` keeps both points).
+        """
+        if self.tensorboard_dir is not None and rollout_id > 0:
+            self._tb_purge_step = self.x_step(rollout_id)
+
+    def _tensorboard(self):
+        """The run's SummaryWriter (opened at the first call, with `resume_at`'s purge step); None without one."""
+        if self._tb is None and self.tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(self.tensorboard_dir, purge_step=self._tb_purge_step)
+        return self._tb
+
     def x_step(self, rollout_id: int) -> int:
         """The x-axis value of rollout `rollout_id` in TensorBoard and W&B.
 
@@ -191,13 +209,14 @@ class Tracker:
         average over an empty mask, showed only as a gap in a dashboard.
         """
         x = self.x_step(step)
+        tb = self._tensorboard()
         for key, value in metrics.items():
             if value is None:
                 continue
             value = float(value)
             self.history[key].append((step, value))
-            if self._tb is not None:
-                self._tb.add_scalar(key, value, x)
+            if tb is not None:
+                tb.add_scalar(key, value, x)
         self._warn_nonfinite(step, metrics)
         if self._wandb is not None:
             self._wandb.log({**metrics, **self._wandb_steps(step, metrics), "rollout/step": x})
