@@ -83,6 +83,8 @@ class Tracker:
         self.logged = {}
 
     def log(self, step, metrics):
+        again = set(metrics) & set(self.logged.get(step, {}))
+        assert not again, f"two points at step {step} for {sorted(again)}"  # TensorBoard would show both
         self.logged.setdefault(step, {}).update(metrics)
 
     def resume_at(self, rollout_id):
