@@ -293,3 +293,26 @@ def test_a_resumed_run_replaces_the_points_of_the_rollouts_it_does_again(tmp_pat
     assert points == [(0, 0.0), (1 * scale, 0.1), (2 * scale, 0.7), (3 * scale, 0.8)]
     # A key the resumed run did not log again keeps only the points before the restart.
     assert [e.step for e in acc.Scalars("perf/update_weights_time")] == [0, 1 * scale]
+
+
+def test_a_metric_that_is_not_a_number_stops_the_run_in_one_line_naming_it(tmp_path):
+    # A rollout function or custom log function returning {"rollout/dataset": "gsm8k"} ended the run in float()'s
+    # traceback ("could not convert string to float") after the rollout had trained, naming neither key nor function.
+    import numpy as np
+    import torch
+
+    from slime_app.guards import RunStopped
+
+    args = _args("--tensorboard-dir", str(tmp_path / "tb"), "--custom-rollout-log-function-path", "my.log_fn")
+    tracker = Tracker(args, str(tmp_path))
+    tracker.log(0, {"rollout/a": np.float32(0.5), "rollout/b": torch.tensor(2.0), "rollout/c": True, "rollout/d": None})
+    assert {k: v for k, v in tracker.history.items()} == {"rollout/a": [(0, 0.5)], "rollout/b": [(0, 2.0)],
+                                                         "rollout/c": [(0, 1.0)]}  # fmt: skip
+    with pytest.raises(RunStopped) as caught:
+        tracker.log(1, {"rollout/raw_reward": 0.5, "rollout/dataset": "gsm8k"})
+    assert str(caught.value) == (
+        "metric 'rollout/dataset' at rollout 1 is str 'gsm8k', not a number (from --custom-rollout-log-function-path "
+        "my.log_fn?): TensorBoard and W&B take numbers only"
+    )
+    assert "rollout/raw_reward" not in tracker.history  # nothing of the row written
+    tracker.close()

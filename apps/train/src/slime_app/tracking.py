@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from slime_app.guards import StartRefused
+from slime_app.guards import RunStopped, StartRefused
 from slime_app.progress import RunProgress
 from slime_core.config import SlimeArgs
 
@@ -44,6 +44,16 @@ _COMPACT = [
     ("perf/step_time", "step_s"),
 ]
 
+
+# The user functions whose returned metrics reach the tracker.
+_METRIC_HOOKS = (
+    "rollout_function_path",
+    "eval_function_path",
+    "custom_rollout_log_function_path",
+    "custom_eval_rollout_log_function_path",
+)
+
+_BUILT_IN = ("slime_rollout.", "slime.rollout.")  # the default rollout functions (theirs are numbers)
 
 # What the eval writes beside a dataset's score `eval/<name>` (`slime_rollout.generation.eval`): its truncated and
 # aborted shares and, with `--log-passrate`, its pass@k.
@@ -207,23 +217,41 @@ class Tracker:
         NaN and infinite values are written as they are (as the original does), with one warning naming the keys
         when they become non-finite (again once they were finite in between): a NaN loss or grad norm, a log-prob
         average over an empty mask, showed only as a gap in a dashboard.
+
+        Raises:
+            RunStopped: a value that is not a number (what a rollout function or a custom log function returned),
+                before any point of `metrics` is written: one line naming the key, not `float()`'s traceback.
         """
         x = self.x_step(step)
+        values = {key: self._number(step, key, value) for key, value in metrics.items() if value is not None}
         tb = self._tensorboard()
-        for key, value in metrics.items():
-            if value is None:
-                continue
-            value = float(value)
+        for key, value in values.items():
             self.history[key].append((step, value))
             if tb is not None:
                 tb.add_scalar(key, value, x)
-        self._warn_nonfinite(step, metrics)
+        self._warn_nonfinite(step, values)
         if self._wandb is not None:
-            self._wandb.log({**metrics, **self._wandb_steps(step, metrics), "rollout/step": x})
+            self._wandb.log({**values, **self._wandb_steps(step, values), "rollout/step": x})
+
+    def _number(self, step: int, key: str, value: Any) -> float:
+        """`float(value)` (a number, a bool, a one-element array or tensor), or RunStopped naming `key`."""
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            hooks = [
+                f"--{name.replace('_', '-')} {path}"
+                for name in _METRIC_HOOKS
+                if (path := getattr(self.cfg, name)) and not path.startswith(_BUILT_IN)
+            ]
+            source = f" (from {' or '.join(hooks)}?)" if hooks else ""
+            raise RunStopped(
+                f"metric {key!r} at rollout {step} is {type(value).__name__} {repr(value)[:80]}, not a "
+                f"number{source}: TensorBoard and W&B take numbers only"
+            ) from None
 
     def _warn_nonfinite(self, step: int, metrics: dict[str, float]) -> None:
-        nonfinite = {k: float(v) for k, v in metrics.items() if v is not None and not math.isfinite(float(v))}
-        self._nonfinite -= {k for k, v in metrics.items() if v is not None and k not in nonfinite}
+        nonfinite = {k: v for k, v in metrics.items() if not math.isfinite(v)}
+        self._nonfinite -= {k for k in metrics if k not in nonfinite}
         new = sorted(k for k in nonfinite if k not in self._nonfinite)
         if new:
             logger.warning(
