@@ -87,8 +87,8 @@ class Tracker:
         assert not again, f"two points at step {step} for {sorted(again)}"  # TensorBoard would show both
         self.logged.setdefault(step, {}).update(metrics)
 
-    def resume_at(self, rollout_id):
-        self.resumed_at = rollout_id
+    def begin_at(self, rollout_id):
+        self.began_at = rollout_id
 
     def rollout_done(self, step, metrics):
         pass

@@ -276,7 +276,7 @@ def test_build_starts_the_compile_warm_up_before_init_and_never_while_colocated_
     events = []
     unbuilt_run(monkeypatch, events, lambda: BuildTrainer(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.placement = cfg, None
+    run.cfg, run.placement, run.tracker = cfg, None, Tracker()
     assert run.build() == 0
     assert [e[0] for e in events] == expected
 

@@ -273,7 +273,7 @@ def test_a_nan_or_infinite_metric_is_written_and_said_once(tmp_path, caplog):
 @pytest.mark.parametrize(("train_step", "scale"), [(False, 1), (True, 4)])
 def test_a_resumed_run_replaces_the_points_of_the_rollouts_it_does_again(tmp_path, train_step, scale):
     # Resumed from the checkpoint of rollout 1 in the same folder, the run logged rollouts 2-3 again: TensorBoard
-    # showed two points at each of those steps for every key. `resume_at` marks the restart (SummaryWriter's
+    # showed two points at each of those steps for every key. `begin_at` marks the restart (SummaryWriter's
     # purge_step), so TensorBoard keeps only the resumed run's points from there on.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -283,7 +283,7 @@ def test_a_resumed_run_replaces_the_points_of_the_rollouts_it_does_again(tmp_pat
         first.log(step, {"rollout/raw_reward": step / 10, "perf/update_weights_time": 1.0})
     first.close()
     resumed = Tracker(_args(*flags), str(tmp_path))
-    resumed.resume_at(2)
+    resumed.begin_at(2)
     for step in (2, 3):
         resumed.log(step, {"rollout/raw_reward": 0.5 + step / 10})
     resumed.close()
@@ -316,3 +316,26 @@ def test_a_metric_that_is_not_a_number_stops_the_run_in_one_line_naming_it(tmp_p
     )
     assert "rollout/raw_reward" not in tracker.history  # nothing of the row written
     tracker.close()
+
+
+def test_a_new_run_in_the_folder_of_an_earlier_one_shows_only_its_own_points(tmp_path, caplog):
+    # Run twice with the same --output-dir, the demo wrote both runs' points at every step (the original writes each
+    # run into a new timestamped folder). A first run in an empty folder writes no restart mark.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    flags = ("--tensorboard-dir", str(tmp_path / "tb"))
+    for reward in (0.25, 0.75):
+        tracker = Tracker(_args(*flags), str(tmp_path))
+        with caplog.at_level("INFO", logger="slime_app.tracking"):
+            tracker.begin_at(0)
+        assert (tracker._tb_purge_step == 0) == (reward == 0.75)
+        for step in range(3):
+            tracker.log(step, {"rollout/raw_reward": reward})
+        tracker.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"TensorBoard: {tmp_path / 'tb'} holds an earlier run's events; this run starts at rollout 0, so TensorBoard "
+        "shows its points only (another --tensorboard-dir or --tb-experiment-name keeps both)"
+    ]
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("rollout/raw_reward")] == [(0, 0.75), (1, 0.75), (2, 0.75)]

@@ -196,8 +196,9 @@ class Run:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
         if cfg.start_rollout_id is not None:
             start = cfg.start_rollout_id
+        if cfg.num_rollout > 0:  # before the first point: the rollouts done again hide their earlier points
+            self.tracker.begin_at(start)
         if start > 0 and cfg.num_rollout > 0:  # an eval-only run (--num-rollout 0) draws no prompt
-            self.tracker.resume_at(start)  # before the first point: the rollouts done again hide their earlier points
             # As the original: the data cursor of the rollout before the one the run starts at, --start-rollout-id
             # included (it was the checkpoint's, so the prompts did not follow the rollout ids).
             ray.get(self.manager.load.remote(start - 1))

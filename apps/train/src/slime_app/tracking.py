@@ -6,6 +6,7 @@ TensorBoard (default) and W&B (`--use-wandb`), one compact line per rollout unde
 
 from __future__ import annotations
 
+import glob
 import logging
 import math
 import os
@@ -180,20 +181,29 @@ class Tracker:
         self.progress.set_rollouts(start_rollout_id, num_rollout)
         self.progress.start()
 
-    def resume_at(self, rollout_id: int) -> None:
+    def begin_at(self, rollout_id: int) -> None:
         """Hides, in TensorBoard, what earlier runs wrote into this run's folder at or after rollout `rollout_id`.
 
         A run resumed at `rollout_id` (`--load`, `--start-rollout-id`) in the folder of the run it continues logs
-        again the rollouts that run did after its checkpoint: every key had two points at those steps, and the
-        curves doubled back. SummaryWriter's `purge_step` (a `SessionLog.START` at that step, which TensorBoard
-        reads as a restart) hides the earlier points from `x_step(rollout_id)` on. Call before the first `log`;
-        W&B has no such mark (a resumed `--wandb-run-id` keeps both points).
+        again the rollouts that run did after its checkpoint, and a new run in the same `--output-dir` logs every
+        rollout again: every key had two points at those steps (the original writes each run into a new
+        timestamped folder unless `TENSORBOARD_DIR` is set). SummaryWriter's `purge_step` (a `SessionLog.START` at that
+        step, which TensorBoard reads as a restart) hides the earlier points from `x_step(rollout_id)` on; the files
+        stay. Call before the first `log`. W&B has no such mark (a resumed `--wandb-run-id` keeps both points).
         """
-        if self.tensorboard_dir is not None and rollout_id > 0:
-            self._tb_purge_step = self.x_step(rollout_id)
+        if self.tensorboard_dir is None:
+            return
+        if rollout_id == 0:
+            if not glob.glob(os.path.join(glob.escape(self.tensorboard_dir), "events.out.tfevents.*")):
+                return
+            logger.info(
+                "TensorBoard: %s holds an earlier run's events; this run starts at rollout 0, so TensorBoard shows "
+                "its points only (another --tensorboard-dir or --tb-experiment-name keeps both)", self.tensorboard_dir
+            )  # fmt: skip
+        self._tb_purge_step = self.x_step(rollout_id)
 
     def _tensorboard(self):
-        """The run's SummaryWriter (opened at the first call, with `resume_at`'s purge step); None without one."""
+        """The run's SummaryWriter (opened at the first call, with `begin_at`'s purge step); None without one."""
         if self._tb is None and self.tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
