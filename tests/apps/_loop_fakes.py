@@ -83,7 +83,12 @@ class Tracker:
         self.logged = {}
 
     def log(self, step, metrics):
+        again = set(metrics) & set(self.logged.get(step, {}))
+        assert not again, f"two points at step {step} for {sorted(again)}"  # TensorBoard would show both
         self.logged.setdefault(step, {}).update(metrics)
+
+    def begin_at(self, rollout_id):
+        self.began_at = rollout_id
 
     def rollout_done(self, step, metrics):
         pass

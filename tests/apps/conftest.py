@@ -34,6 +34,9 @@ def _read_scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
 
     acc = EventAccumulator(str(tb_dir))
     acc.Reload()
+    steps = [e.step for e in acc.Scalars(key)]
+    # As a dict, two points at one step (which TensorBoard draws both of) kept the last silently.
+    assert len(set(steps)) == len(steps), f"{key}: two points at one step in {tb_dir}: steps {steps}"
     return {e.step: e.value for e in acc.Scalars(key)}
 
 
@@ -41,7 +44,8 @@ def _read_scalars(tb_dir: pathlib.Path, key: str) -> dict[int, float]:
 def tb_scalars() -> Callable[[pathlib.Path, str], dict[int, float]]:
     """`tb_scalars(tb_dir, key) -> {step: value}`: one scalar series of a run's TensorBoard logs.
 
-    `tb_dir` is the run's `<--output-dir>/tensorboard`; an unknown `key` raises KeyError (TensorBoard's).
+    `tb_dir` is the run's `<--output-dir>/tensorboard`; an unknown `key` raises KeyError (TensorBoard's), a series
+    with two points at one step an AssertionError.
     """
     return _read_scalars
 

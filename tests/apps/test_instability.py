@@ -225,3 +225,17 @@ def test_a_resumed_run_keeps_the_baselines_and_the_evals_its_rules_compare_with(
         resumed.restore(json.loads(json.dumps(first.state())))
         after = feed(resumed, range(stop + 1, 20))
         assert [(f.rule, f.rollout_id) for f in before + after] == straight, stop
+
+
+def test_an_aborted_share_that_falls_is_not_an_eval_score_that_fell():
+    # `eval/<name>-aborted_ratio` (and `-pass@<k>`) were read as eval scores: fewer aborted samples (0.5 -> 0.1)
+    # while the reward rose was reported as reward hacking, and --stop-on-instability stopped the run.
+    monitor = InstabilityMonitor(_cfg())
+    for r in range(10):
+        monitor.observe(r, {"rollout/raw_reward": 0.2})
+    first = {"eval/gsm8k": 0.5, "eval/gsm8k-aborted_ratio": 0.5, "eval/gsm8k-pass@4": 0.9}
+    assert monitor.observe_eval(10, first) == []
+    for r in range(10, 20):
+        monitor.observe(r, {"rollout/raw_reward": 0.2 + 0.05 * (r - 9)})
+    later = {"eval/gsm8k": 0.5, "eval/gsm8k-aborted_ratio": 0.1, "eval/gsm8k-pass@4": 0.9}
+    assert monitor.observe_eval(20, later) == []

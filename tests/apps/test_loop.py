@@ -75,9 +75,48 @@ def test_async_step_generates_one_ahead_and_moves_weights_between_generations(mo
             ("got", 1), ("train", 1), ("waited", 2), ("update_weights", 2),
             ("got", 2), ("train", 2), ("eval", 3),
         ]  # fmt: skip
+    # Each push at the weight version it pushed (the weights the next rollout generates with).
     assert sorted(step for step, m in logged.items() if "perf/update_weights_time" in m) == (
-        [0, 1] if interval == 1 else [1]
+        [1, 2] if interval == 1 else [2]
     )
+
+
+class _PointsTracker(Tracker):
+    """The fake tracker, keeping every point: `(step, key)` in the order logged."""
+
+    def __init__(self):
+        super().__init__()
+        self.points = []
+
+    def log(self, step, metrics):
+        self.points += [(step, key) for key in metrics]
+        super().log(step, metrics)
+
+
+def test_each_weight_push_is_one_point_at_the_version_it_pushed(monkeypatch):
+    # The first push (`build`: `tracker.log(start, sync_weights(start))`) and the push after rollout 0 were both
+    # logged at x = 0: two points per perf/update_weights_* key (and the memory swaps) at one step in TensorBoard.
+    # The original logs at rollout N the push made before it (its Timer, reported by the rollout's train).
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, "colocate": True})
+    events = []
+    patch_ray(monkeypatch, FakeRay(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.manager, run.tracker, run.trainer = cfg, Actor(events), _PointsTracker(), Trainer(events)
+    run.start_rollout_id = 0
+    run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    run.rollouts = loop.Rollouts(run.manager, 3, ahead=False, update_weights_interval=1)
+    run.train_end = time.perf_counter()
+    run.tracker.log(0, run.sync_weights(0))  # what `build` logs
+    for rollout_id in range(3):
+        run.step(rollout_id)
+    points = run.tracker.points
+    assert sorted({p for p in points if points.count(p) > 1}) == []
+    for key in ("perf/update_weights_time", "perf/trainer_sleep_time", "perf/engine_resume_kv_cache_time"):
+        assert [step for step, k in points if k == key] == [0, 1, 2, 3]
+    assert [step for step, k in points if k == "perf/step_time"] == [0, 1, 2]
+    # The step's goodput still counts its own push (its weight-sync time is that step's wall time).
+    assert all(run.tracker.logged[step]["goodput/time/weight_sync"] > 0 for step in range(3))
 
 
 def test_colocated_step_swaps_memory_around_training_and_times_each_swap(monkeypatch):
@@ -86,9 +125,11 @@ def test_colocated_step_swaps_memory_around_training_and_times_each_swap(monkeyp
         ("got", 0), ("offload",), ("trainer.wake_up",), ("train", 0),
         ("onload", ["weights"]), ("update_weights", 1), ("trainer.sleep",), ("onload", ["kv_cache", "cuda_graph"]),
     ]  # fmt: skip
-    swaps = {"perf/engine_release_time", "perf/trainer_wake_up_time", "perf/engine_resume_weights_time",
-             "perf/trainer_sleep_time", "perf/engine_resume_kv_cache_time"}  # fmt: skip
-    assert swaps <= set(logged[0]) and all(logged[0][k] >= 0.0 for k in swaps)
+    # Around training at the rollout; around the push at the weight version it pushed.
+    for step, swaps in ((0, {"perf/engine_release_time", "perf/trainer_wake_up_time"}),
+                        (1, {"perf/engine_resume_weights_time", "perf/trainer_sleep_time",
+                             "perf/engine_resume_kv_cache_time"})):  # fmt: skip
+        assert swaps <= set(logged[step]) and all(logged[step][k] >= 0.0 for k in swaps)
 
 
 def test_an_eval_config_alone_is_evaluated(monkeypatch, tmp_path):
@@ -114,7 +155,7 @@ def test_an_eval_config_alone_is_evaluated(monkeypatch, tmp_path):
 def test_colocated_side_that_is_not_offloaded_stays_resident(monkeypatch, flags, expected):
     events, logged = _run(monkeypatch, colocate=True, num_rollout=1, eval_prompt_data=None, **flags)
     assert events == expected
-    assert ("perf/trainer_sleep_time" in logged[0]) == flags.get("offload_train", True)
+    assert ("perf/trainer_sleep_time" in logged.get(1, {})) == flags.get("offload_train", True)  # with the push
     assert ("perf/engine_release_time" in logged[0]) == flags.get("offload_rollout", True)
 
 
@@ -235,7 +276,7 @@ def test_build_starts_the_compile_warm_up_before_init_and_never_while_colocated_
     events = []
     unbuilt_run(monkeypatch, events, lambda: BuildTrainer(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.placement = cfg, None
+    run.cfg, run.placement, run.tracker = cfg, None, Tracker()
     assert run.build() == 0
     assert [e[0] for e in events] == expected
 

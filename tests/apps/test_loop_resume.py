@@ -47,9 +47,11 @@ def test_the_data_cursor_is_the_one_before_the_start_rollout(monkeypatch, traine
     events = []
     unbuilt_run(monkeypatch, events, lambda: _ResumedTrainer(events, trainer_start))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.placement = cfg, None
+    run.cfg, run.placement, run.tracker = cfg, None, Tracker()
     assert run.build() == start
     assert [e for e in events if e[0] == "load"] == cursor
+    # TensorBoard hides what an earlier run logged from the start rollout on (Tracker.begin_at); not for eval only.
+    assert getattr(run.tracker, "began_at", None) == (start if cfg.num_rollout else None)
 
 
 class _PinningGroup(TrainGroup):
@@ -80,7 +82,7 @@ def test_every_rank_loads_the_iteration_the_tracker_named_once(monkeypatch, tmp_
     trainer = _PinningGroup(events)
     unbuilt_run(monkeypatch, events, lambda: trainer)
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
-    run.cfg, run.placement = cfg, None
+    run.cfg, run.placement, run.tracker = cfg, None, Tracker()
     run.build()
     assert [c.ckpt_step for c in trainer.rank_cfgs] == [pinned]
     assert run.cfg.ckpt_step == ckpt_step  # the run's own config is unchanged

@@ -54,6 +54,15 @@ def test_a_folder_under_a_file_names_its_flag(tmp_path):
         check_writable(_cfg(tmp_path, save=str(tmp_path / "a-file" / "ckpt")))
 
 
+def test_an_unwritable_wandb_dir_names_its_flag_before_the_run(tmp_path):
+    # Tracker's os.makedirs(--wandb-dir) raised FileExistsError/PermissionError as a traceback once the run started.
+    (tmp_path / "a-file").write_text("x")
+    wandb_dir = tmp_path / "a-file" / "wandb"
+    with pytest.raises(OSError, match=rf"^--wandb-dir {re.escape(str(wandb_dir))} is not writable: "):
+        check_writable(_cfg(tmp_path, use_wandb=True, wandb_dir=str(wandb_dir)))
+    assert ("--wandb-dir", wandb_dir) not in list(output_dirs(_cfg(tmp_path, wandb_dir=str(wandb_dir))))  # no W&B
+
+
 def test_a_read_only_folder_names_its_flag(tmp_path, monkeypatch):
     # Root ignores file modes; the probe's open failing as on a read-only mount stands in for one.
     def read_only(*args, **kwargs):

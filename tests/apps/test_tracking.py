@@ -1,5 +1,6 @@
 """The metrics sink: TensorBoard directory and x-axis, and the W&B calls built from the `--wandb-*` flags."""
 
+import math
 import sys
 import types
 
@@ -193,3 +194,148 @@ def test_the_curve_of_a_resumed_run_starts_at_the_first_rollout(tmp_path):
     assert resumed.history["rollout/raw_reward"] == [(0, 0.1), (1, 0.2), (2, 0.3)]
     assert resumed.eval_series() == {"eval/gsm8k": [(2, 0.5)]}
     assert resumed.save_curve(str(tmp_path / "curve.png")) == str(tmp_path / "curve.png")
+
+
+def test_eval_curves_are_the_dataset_scores_not_their_pass_at_k_or_aborted_share(tmp_path):
+    # With --log-passrate the eval also writes eval/<name>-pass@<k> (and eval/<name>-aborted_ratio when samples were
+    # aborted): they were taken as datasets of their own, printed as accuracy series at the end of the run and drawn
+    # as "(mean reward)" curves in the PNG.
+    tracker = Tracker(_args("--no-use-tensorboard"), str(tmp_path))
+    for step, score in ((0, 0.25), (1, 0.5)):
+        tracker.log(step, {
+            "eval/gsm8k": score, "eval/gsm8k-truncated_ratio": 0.0, "eval/gsm8k-aborted_ratio": 0.125,
+            "eval/gsm8k-pass@1": score, "eval/gsm8k-pass@4": 0.75, "eval/gsm8k/response_len/mean": 7.0,
+            "eval/math-500": 0.125, "perf/eval_time": 3.0,
+        })  # fmt: skip
+    assert tracker.eval_series() == {"eval/gsm8k": [(0, 0.25), (1, 0.5)], "eval/math-500": [(0, 0.125), (1, 0.125)]}
+    assert set(tracker.state()["curves"]) == {"eval/gsm8k", "eval/math-500"}  # what a resumed run draws
+
+
+class _AuthenticationError(Exception):
+    """Stands for `wandb.errors.AuthenticationError` (no common base with wandb's other errors)."""
+
+
+@pytest.mark.parametrize(
+    ("failing", "error", "expected"),
+    [
+        ("login", _AuthenticationError("API key must have 40+ characters,\n has 3."),
+         "--use-wandb: W&B login failed (--wandb-key, --wandb-host https://wb.local): _AuthenticationError: API key "
+         "must have 40+ characters, has 3."),
+        ("init", TimeoutError("Run initialization has timed out after 90.0 sec."),
+         "--use-wandb: W&B could not start the run (--wandb-team team, --wandb-project p): TimeoutError: Run "
+         "initialization has timed out after 90.0 sec.; --wandb-mode offline keeps it on disk (`wandb sync` "
+         "uploads it later)"),
+    ],
+)  # fmt: skip
+def test_a_wandb_login_or_start_failure_is_one_line_naming_the_flags(monkeypatch, tmp_path, failing, error, expected):
+    # wandb.login / wandb.init raised their own errors out of the Tracker, past the command line's one-line
+    # handlers: a traceback (the key given with --wandb-key stays out of the line).
+    from slime_app.guards import StartRefused
+
+    fake = _FakeWandb()
+
+    def fail(**kw):
+        raise error
+
+    monkeypatch.setattr(fake, failing, fail)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    args = _args("--use-wandb", "--wandb-key", "secret-key-123", "--wandb-host", "https://wb.local",
+                 "--wandb-team", "team", "--wandb-project", "p", "--no-use-tensorboard")  # fmt: skip
+    with pytest.raises(StartRefused) as caught:
+        Tracker(args, str(tmp_path))
+    assert str(caught.value) == expected and "secret-key-123" not in str(caught.value)
+
+
+def test_a_nan_or_infinite_metric_is_written_and_said_once(tmp_path, caplog):
+    # NaN and infinite values went to TensorBoard and W&B with no word (a dashboard shows them as gaps).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tracker = Tracker(_args("--tensorboard-dir", str(tmp_path / "tb")), str(tmp_path))
+    with caplog.at_level("WARNING", logger="slime_app.tracking"):
+        tracker.log(0, {"train/loss": 0.5, "train/grad_norm": 1.0})
+        tracker.log(1, {"train/loss": float("nan"), "train/grad_norm": float("inf")})
+        tracker.log(2, {"train/loss": float("nan"), "train/grad_norm": 2.0})  # still NaN: not said again
+        tracker.log(3, {"train/loss": 0.25, "train/grad_norm": float("-inf")})
+        tracker.log(4, {"train/loss": float("nan")})
+    tracker.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "rollout 1: non-finite metrics: train/grad_norm=inf, train/loss=nan",
+        "rollout 3: non-finite metrics: train/grad_norm=-inf",
+        "rollout 4: non-finite metrics: train/loss=nan",
+    ]
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == [0, 1, 2, 3, 4]  # written, not dropped
+    assert math.isnan(acc.Scalars("train/loss")[1].value)
+
+
+@pytest.mark.parametrize(("train_step", "scale"), [(False, 1), (True, 4)])
+def test_a_resumed_run_replaces_the_points_of_the_rollouts_it_does_again(tmp_path, train_step, scale):
+    # Resumed from the checkpoint of rollout 1 in the same folder, the run logged rollouts 2-3 again: TensorBoard
+    # showed two points at each of those steps for every key. `begin_at` marks the restart (SummaryWriter's
+    # purge_step), so TensorBoard keeps only the resumed run's points from there on.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    flags = ("--tensorboard-dir", str(tmp_path / "tb"), *(["--wandb-always-use-train-step"] if train_step else []))
+    first = Tracker(_args(*flags), str(tmp_path))
+    for step in range(4):
+        first.log(step, {"rollout/raw_reward": step / 10, "perf/update_weights_time": 1.0})
+    first.close()
+    resumed = Tracker(_args(*flags), str(tmp_path))
+    resumed.begin_at(2)
+    for step in (2, 3):
+        resumed.log(step, {"rollout/raw_reward": 0.5 + step / 10})
+    resumed.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    points = [(e.step, round(e.value, 6)) for e in acc.Scalars("rollout/raw_reward")]
+    assert points == [(0, 0.0), (1 * scale, 0.1), (2 * scale, 0.7), (3 * scale, 0.8)]
+    # A key the resumed run did not log again keeps only the points before the restart.
+    assert [e.step for e in acc.Scalars("perf/update_weights_time")] == [0, 1 * scale]
+
+
+def test_a_metric_that_is_not_a_number_stops_the_run_in_one_line_naming_it(tmp_path):
+    # A rollout function or custom log function returning {"rollout/dataset": "gsm8k"} ended the run in float()'s
+    # traceback ("could not convert string to float") after the rollout had trained, naming neither key nor function.
+    import numpy as np
+    import torch
+
+    from slime_app.guards import RunStopped
+
+    args = _args("--tensorboard-dir", str(tmp_path / "tb"), "--custom-rollout-log-function-path", "my.log_fn")
+    tracker = Tracker(args, str(tmp_path))
+    tracker.log(0, {"rollout/a": np.float32(0.5), "rollout/b": torch.tensor(2.0), "rollout/c": True, "rollout/d": None})
+    assert {k: v for k, v in tracker.history.items()} == {"rollout/a": [(0, 0.5)], "rollout/b": [(0, 2.0)],
+                                                         "rollout/c": [(0, 1.0)]}  # fmt: skip
+    with pytest.raises(RunStopped) as caught:
+        tracker.log(1, {"rollout/raw_reward": 0.5, "rollout/dataset": "gsm8k"})
+    assert str(caught.value) == (
+        "metric 'rollout/dataset' at rollout 1 is str 'gsm8k', not a number (from --custom-rollout-log-function-path "
+        "my.log_fn?): TensorBoard and W&B take numbers only"
+    )
+    assert "rollout/raw_reward" not in tracker.history  # nothing of the row written
+    tracker.close()
+
+
+def test_a_new_run_in_the_folder_of_an_earlier_one_shows_only_its_own_points(tmp_path, caplog):
+    # Run twice with the same --output-dir, the demo wrote both runs' points at every step (the original writes each
+    # run into a new timestamped folder). A first run in an empty folder writes no restart mark.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    flags = ("--tensorboard-dir", str(tmp_path / "tb"))
+    for reward in (0.25, 0.75):
+        tracker = Tracker(_args(*flags), str(tmp_path))
+        with caplog.at_level("INFO", logger="slime_app.tracking"):
+            tracker.begin_at(0)
+        assert (tracker._tb_purge_step == 0) == (reward == 0.75)
+        for step in range(3):
+            tracker.log(step, {"rollout/raw_reward": reward})
+        tracker.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"TensorBoard: {tmp_path / 'tb'} holds an earlier run's events; this run starts at rollout 0, so TensorBoard "
+        "shows its points only (another --tensorboard-dir or --tb-experiment-name keeps both)"
+    ]
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("rollout/raw_reward")] == [(0, 0.75), (1, 0.75), (2, 0.75)]

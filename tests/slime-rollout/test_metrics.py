@@ -173,3 +173,44 @@ def test_rollout_log_probs_is_the_originals_per_rollout_mean():
     unscored = sample(5, [-1.0], [1])
     unscored.rollout_log_probs = None
     assert rollout_log_probs_mean([unscored]) is None  # no sample carries engine log-probs: no metric
+
+
+def test_non_generation_time_has_the_originals_keys():
+    # The original logs perf/non_generation_time/{mean,median,max,min} and, for the longest samples, their time
+    # outside generation and their tokens per second without it; only the mean and max were logged here.
+    lengths = [(6, [1, 1, 0, 0, 1, 0], 3.0), (8, [1] * 8, 1.0), (8, [1, 1, 1, 0, 0, 0, 1, 1], 2.0), (2, [1, 1], 0.0)]
+    samples = []
+    for i, (n, mask, seconds) in enumerate(lengths):
+        s = Sample(index=i, tokens=list(range(3 + n)), response_length=n, loss_mask=mask, reward=0.0)
+        s.status, s.non_generation_time = Status.COMPLETED, seconds
+        samples.append(s)
+    got = {k: v for k, v in compute_rollout_metrics(_args(), [samples], rollout_time=10.0).items() if "non_gen" in k}
+    assert got == pytest.approx({
+        "perf/non_generation_time/mean": 1.5, "perf/non_generation_time/median": 1.5,
+        "perf/non_generation_time/max": 3.0, "perf/non_generation_time/min": 0.0,
+        # Longest by response tokens: samples 1 and 2 (8 tokens), 1.5 s on average: 8 / (10 - 1.5).
+        "perf/longest_sample_non_generation_time": 1.5,
+        "perf/longest_sample_tokens_per_sec_without_non_generation": 8 / 8.5,
+        # Longest by trainable tokens: sample 1 alone (8), 1 s: 8 / 9.
+        "perf/longest_effective_sample_non_generation_time": 1.0,
+        "perf/longest_effective_sample_tokens_per_sec_without_non_generation": 8 / 9,
+    }, abs=1e-12)  # fmt: skip
+    for s in samples:
+        s.non_generation_time = 0.0
+    assert not any("non_gen" in k for k in compute_rollout_metrics(_args(), [samples], rollout_time=10.0))
+
+
+def test_top_p_kept_vocab_per_token_counts_trainable_positions():
+    # The original logs rollout/top_p_kept_vocab_per_token under top-p replay; it was not logged here.
+    a = Sample(index=0, tokens=[1, 2, 3, 4, 5], response_length=3, loss_mask=[1, 0, 1], reward=0.0)
+    a.rollout_top_p_token_ids, a.rollout_top_p_token_offsets = [7, 8, 9, 3, 4, 5, 6], [0, 3, 3, 7]  # kept 3, 0, 4
+    b = Sample(index=1, tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], reward=0.0)
+    b.rollout_top_p_token_ids, b.rollout_top_p_token_offsets = [4, 5], [0, 1, 2]  # kept 1, 1
+    removed = Sample(index=2, tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], reward=0.0, remove_sample=True)
+    removed.rollout_top_p_token_ids, removed.rollout_top_p_token_offsets = list(range(20)), [0, 10, 20]
+    for s in (a, b, removed):
+        s.status = Status.COMPLETED
+    got = compute_rollout_metrics(_args(), [[a, b, removed]], rollout_time=1.0)
+    assert got["rollout/top_p_kept_vocab_per_token"] == pytest.approx((3 + 4 + 1 + 1) / 4, abs=1e-12)
+    plain = compute_rollout_metrics(_args(), [[_sample(0, 1.0)]], rollout_time=1.0)  # no top-p replay
+    assert "rollout/top_p_kept_vocab_per_token" not in plain

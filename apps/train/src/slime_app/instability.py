@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from slime_app.tracking import is_eval_score
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class InstabilityMonitor:
         gap = self.cfg.instability_reward_eval_gap
         hits = []
         for key, score in metrics.items():
-            if not (key.startswith("eval/") and key.count("/") == 1) or key.endswith("-truncated_ratio"):
+            if not is_eval_score(key):
                 continue
             previous = self._last_eval.get(key)
             self._last_eval[key] = (rollout_id, float(score))

@@ -196,6 +196,8 @@ class Run:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
         if cfg.start_rollout_id is not None:
             start = cfg.start_rollout_id
+        if cfg.num_rollout > 0:  # before the first point: the rollouts done again hide their earlier points
+            self.tracker.begin_at(start)
         if start > 0 and cfg.num_rollout > 0:  # an eval-only run (--num-rollout 0) draws no prompt
             # As the original: the data cursor of the rollout before the one the run starts at, --start-rollout-id
             # included (it was the checkpoint's, so the prompts did not follow the rollout ids).
@@ -271,6 +273,7 @@ class Run:
         """One rollout, top to bottom: samples → train → save → weight sync → log (→ run state) → eval."""
         cfg = self.cfg
         t0 = time.perf_counter()
+        sync: dict[str, float] = {}
         with self._phase("rollout", rollout_id):
             batch_refs, metrics = self.rollouts.take(rollout_id)
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
@@ -292,12 +295,18 @@ class Run:
                         metrics["perf/save_time"] = self.save(rollout_id)
             if self.rollouts.weights_due(rollout_id):
                 self.rollouts.settle()  # async: the engines never change weights mid-generation
-                metrics.update(self.sync_weights(rollout_id + 1))
+                sync = self.sync_weights(rollout_id + 1)
+                metrics.update(sync)
         metrics["perf/step_time"] = time.perf_counter() - t0
         metrics.update(self.goodput.update(metrics))
         findings = self.instability.observe(rollout_id, metrics)
         metrics.update(InstabilityMonitor.metrics_of(findings))
-        self.tracker.log(rollout_id, metrics)
+        # A push is logged at the weight version it pushed, as `build` logs the first one: at x = N the push of the
+        # weights rollout N generated with (the original's perf/update_weights_time at N). Logged here, the first
+        # push and the one after rollout 0 were two points at x = 0. (This step's goodput counts its own push.)
+        self.tracker.log(rollout_id, {k: v for k, v in metrics.items() if k not in sync})
+        if sync:
+            self.tracker.log(rollout_id + 1, sync)
         self.tracker.rollout_done(rollout_id, metrics)
         if not cfg.debug_rollout_only and self._saves_after(rollout_id):
             # Its checkpoint is committed and the rollout accounted. The eval after it is not in this state: a resume

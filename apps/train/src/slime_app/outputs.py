@@ -61,7 +61,8 @@ def fixed_folder(template: str) -> pathlib.Path:
 def output_dirs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path]]:
     """(flag, folder) of every place the run writes into.
 
-    `--output-dir`, `--save`, the TensorBoard folder the run writes (`slime_app.tracking.tensorboard_log_dir`), and
+    `--output-dir`, `--save`, the TensorBoard folder the run writes (`slime_app.tracking.tensorboard_log_dir`),
+    `--wandb-dir` with `--use-wandb`, and
     for the path templates (`--save-hf`, `--save-debug-rollout-data`) the deepest folder no `{field}` of theirs
     changes.
     """
@@ -83,6 +84,8 @@ def output_dirs(cfg: SlimeArgs) -> Iterator[tuple[str, pathlib.Path]]:
         yield flag or "--output-dir (its tensorboard folder)", pathlib.Path(tensorboard_log_dir(cfg, cfg.output_dir))
     elif cfg.tensorboard_dir:
         yield "--tensorboard-dir", pathlib.Path(cfg.tensorboard_dir)
+    if cfg.use_wandb and cfg.wandb_dir:
+        yield "--wandb-dir", pathlib.Path(cfg.wandb_dir)  # W&B's files; an unwritable one was a traceback at start
     for flag, template in (("--save-hf", cfg.save_hf), ("--save-debug-rollout-data", cfg.save_debug_rollout_data)):
         if template:
             yield flag, fixed_folder(template)

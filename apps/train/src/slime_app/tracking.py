@@ -6,8 +6,11 @@ TensorBoard (default) and W&B (`--use-wandb`), one compact line per rollout unde
 
 from __future__ import annotations
 
+import glob
 import logging
+import math
 import os
+import re
 import threading
 import uuid
 from collections import defaultdict
@@ -16,6 +19,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from slime_app.guards import RunStopped, StartRefused
 from slime_app.progress import RunProgress
 from slime_core.config import SlimeArgs
 
@@ -40,6 +44,30 @@ _COMPACT = [
     ("goodput/trained_fraction", "trained"),
     ("perf/step_time", "step_s"),
 ]
+
+
+# The user functions whose returned metrics reach the tracker.
+_METRIC_HOOKS = (
+    "rollout_function_path",
+    "eval_function_path",
+    "custom_rollout_log_function_path",
+    "custom_eval_rollout_log_function_path",
+)
+
+_BUILT_IN = ("slime_rollout.", "slime.rollout.")  # the default rollout functions (theirs are numbers)
+
+# What the eval writes beside a dataset's score `eval/<name>` (`slime_rollout.generation.eval`): its truncated and
+# aborted shares and, with `--log-passrate`, its pass@k.
+_EVAL_DERIVED = re.compile(r"-(truncated_ratio|aborted_ratio|pass@\d+)$")
+
+
+def is_eval_score(key: str) -> bool:
+    """Whether `key` is an eval dataset's score, `eval/<name>` (its mean reward), not a statistic logged beside it.
+
+    Not `eval/<name>-truncated_ratio`, `-aborted_ratio`, `-pass@<k>` nor `eval/<name>/...`; the curve PNG, the
+    closing summary and the instability monitor's eval rule take only the scores.
+    """
+    return key.startswith("eval/") and key.count("/") == 1 and not _EVAL_DERIVED.search(key)
 
 
 def tensorboard_log_dir(cfg: SlimeArgs, output_dir: str) -> str:
@@ -112,6 +140,10 @@ class Tracker:
 
     Attributes:
         tensorboard_dir: where TensorBoard events go; None without `--use-tensorboard`.
+
+    Raises:
+        ValueError: `--use-wandb` without the `wandb` package.
+        StartRefused: W&B refused the login or did not start the run (`_start_wandb`).
     """
 
     def __init__(self, cfg: SlimeArgs, output_dir: str, progress: RunProgress | None = None):
@@ -121,25 +153,22 @@ class Tracker:
         self.progress = progress or RunProgress()
         self.console = self.progress.console
         self.tensorboard_dir: str | None = None
-        self._tb = None
+        self._nonfinite: set[str] = set()  # keys whose last value was NaN or infinite (warned when they became so)
+        self._tb = None  # the SummaryWriter, opened at the first point (`_tensorboard`)
+        self._tb_purge_step: int | None = None
         self._wandb = None
         if cfg.use_tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
             self.tensorboard_dir = tensorboard_log_dir(cfg, output_dir)
-            self._tb = SummaryWriter(self.tensorboard_dir)
         if cfg.use_wandb:
             try:
                 import wandb
             except ImportError:
                 raise ValueError("--use-wandb: the `wandb` package is not installed (pip install wandb)") from None
             login = wandb_login_kwargs(cfg)
-            if login is not None:
-                wandb.login(**login)
             init = wandb_init_kwargs(cfg, suffix=uuid.uuid4().hex[:8])
             if "dir" in init:
                 os.makedirs(init["dir"], exist_ok=True)  # wandb does not create it
-            self._wandb = wandb.init(**init)
+            self._wandb = _start_wandb(wandb, login, init)
             # Every metric against one x-axis (see `x_step`), not W&B's own call counter. The original's other
             # axes, `train/step` and `eval/step`, are logged beside it (`log`), so its saved panels still plot.
             self._wandb.define_metric("rollout/step")
@@ -151,6 +180,35 @@ class Tracker:
         """Sets the rollout bar (`start_rollout_id` of `num_rollout` done) and shows the display."""
         self.progress.set_rollouts(start_rollout_id, num_rollout)
         self.progress.start()
+
+    def begin_at(self, rollout_id: int) -> None:
+        """Hides, in TensorBoard, what earlier runs wrote into this run's folder at or after rollout `rollout_id`.
+
+        A run resumed at `rollout_id` (`--load`, `--start-rollout-id`) in the folder of the run it continues logs
+        again the rollouts that run did after its checkpoint, and a new run in the same `--output-dir` logs every
+        rollout again: every key had two points at those steps (the original writes each run into a new
+        timestamped folder unless `TENSORBOARD_DIR` is set). SummaryWriter's `purge_step` (a `SessionLog.START` at that
+        step, which TensorBoard reads as a restart) hides the earlier points from `x_step(rollout_id)` on; the files
+        stay. Call before the first `log`. W&B has no such mark (a resumed `--wandb-run-id` keeps both points).
+        """
+        if self.tensorboard_dir is None:
+            return
+        if rollout_id == 0:
+            if not glob.glob(os.path.join(glob.escape(self.tensorboard_dir), "events.out.tfevents.*")):
+                return
+            logger.info(
+                "TensorBoard: %s holds an earlier run's events; this run starts at rollout 0, so TensorBoard shows "
+                "its points only (another --tensorboard-dir or --tb-experiment-name keeps both)", self.tensorboard_dir
+            )  # fmt: skip
+        self._tb_purge_step = self.x_step(rollout_id)
+
+    def _tensorboard(self):
+        """The run's SummaryWriter (opened at the first call, with `begin_at`'s purge step); None without one."""
+        if self._tb is None and self.tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(self.tensorboard_dir, purge_step=self._tb_purge_step)
+        return self._tb
 
     def x_step(self, rollout_id: int) -> int:
         """The x-axis value of rollout `rollout_id` in TensorBoard and W&B.
@@ -164,17 +222,52 @@ class Tracker:
         return rollout_id * self.cfg.num_steps_per_rollout
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Records metrics for rollout `step` (keys like `rollout/raw_reward`, `eval/demo`)."""
+        """Records metrics for rollout `step` (keys like `rollout/raw_reward`, `eval/demo`).
+
+        NaN and infinite values are written as they are (as the original does), with one warning naming the keys
+        when they become non-finite (again once they were finite in between): a NaN loss or grad norm, a log-prob
+        average over an empty mask, showed only as a gap in a dashboard.
+
+        Raises:
+            RunStopped: a value that is not a number (what a rollout function or a custom log function returned),
+                before any point of `metrics` is written: one line naming the key, not `float()`'s traceback.
+        """
         x = self.x_step(step)
-        for key, value in metrics.items():
-            if value is None:
-                continue
-            value = float(value)
+        values = {key: self._number(step, key, value) for key, value in metrics.items() if value is not None}
+        tb = self._tensorboard()
+        for key, value in values.items():
             self.history[key].append((step, value))
-            if self._tb is not None:
-                self._tb.add_scalar(key, value, x)
+            if tb is not None:
+                tb.add_scalar(key, value, x)
+        self._warn_nonfinite(step, values)
         if self._wandb is not None:
-            self._wandb.log({**metrics, **self._wandb_steps(step, metrics), "rollout/step": x})
+            self._wandb.log({**values, **self._wandb_steps(step, values), "rollout/step": x})
+
+    def _number(self, step: int, key: str, value: Any) -> float:
+        """`float(value)` (a number, a bool, a one-element array or tensor), or RunStopped naming `key`."""
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            hooks = [
+                f"--{name.replace('_', '-')} {path}"
+                for name in _METRIC_HOOKS
+                if (path := getattr(self.cfg, name)) and not path.startswith(_BUILT_IN)
+            ]
+            source = f" (from {' or '.join(hooks)}?)" if hooks else ""
+            raise RunStopped(
+                f"metric {key!r} at rollout {step} is {type(value).__name__} {repr(value)[:80]}, not a "
+                f"number{source}: TensorBoard and W&B take numbers only"
+            ) from None
+
+    def _warn_nonfinite(self, step: int, metrics: dict[str, float]) -> None:
+        nonfinite = {k: v for k, v in metrics.items() if not math.isfinite(v)}
+        self._nonfinite -= {k for k in metrics if k not in nonfinite}
+        new = sorted(k for k in nonfinite if k not in self._nonfinite)
+        if new:
+            logger.warning(
+                "rollout %d: non-finite metrics: %s", step, ", ".join(f"{k}={nonfinite[k]}" for k in new)
+            )  # fmt: skip
+        self._nonfinite |= set(nonfinite)
 
     def _wandb_steps(self, rollout_id: int, metrics: dict[str, float]) -> dict[str, int]:
         """The original's W&B x-axes besides `rollout/step`, for the keys present.
@@ -202,12 +295,8 @@ class Tracker:
         self.console.print(f"[bold cyan]eval @ rollout {step}[/bold cyan] " + escape(" ".join(parts)))
 
     def eval_series(self, key_prefix: str = "eval/") -> dict[str, list[tuple[int, float]]]:
-        """The recorded eval curves (one per dataset)."""
-        return {
-            k: v
-            for k, v in self.history.items()
-            if k.startswith(key_prefix) and k.count("/") == 1 and not k.endswith("-truncated_ratio")
-        }
+        """The recorded eval scores, one curve per dataset (`is_eval_score`)."""
+        return {k: v for k, v in self.history.items() if k.startswith(key_prefix) and is_eval_score(k)}
 
     def state(self) -> dict[str, Any]:
         """The series the curve PNG draws (`rollout/raw_reward`, `eval_series`), for a checkpoint.
@@ -264,6 +353,31 @@ class Tracker:
             self._tb.close()
         if self._wandb is not None:
             finish_wandb(self._wandb)
+
+
+def _start_wandb(wandb: Any, login: dict[str, Any] | None, init: dict[str, Any]) -> Any:
+    """`wandb.login(**login)` (when not None), then the run of `wandb.init(**init)`.
+
+    Raises:
+        StartRefused: W&B refused the key or host, or could not start the run (no network within its init timeout,
+            an unknown entity or project): one line naming the flags, before Ray or any engine starts. A traceback
+            before.
+    """
+    try:
+        if login is not None:
+            wandb.login(**login)
+    except Exception as e:  # wandb's own errors have no common base with requests' and ValueError
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        flags = f"--wandb-key, --wandb-host {login['host']}"
+        raise StartRefused(f"--use-wandb: W&B login failed ({flags}): {reason}") from e
+    try:
+        return wandb.init(**init)
+    except Exception as e:
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        raise StartRefused(
+            f"--use-wandb: W&B could not start the run (--wandb-team {init['entity']}, --wandb-project "
+            f"{init['project']}): {reason}; --wandb-mode offline keeps it on disk (`wandb sync` uploads it later)"
+        ) from e
 
 
 def finish_wandb(run: Any, timeout_s: float | None = None) -> bool:

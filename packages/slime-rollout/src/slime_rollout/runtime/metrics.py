@@ -5,7 +5,9 @@
 log-prob over trainable tokens; the trainer's side logs `rollout/log_probs`), `rollout/zero_std/count_{reward}`,
 `rollout/dynamic_filter/drop_{reason}`, `perf/rollout_time`, `perf/tokens_per_gpu_per_sec`,
 `perf/effective_tokens_per_gpu_per_sec`, `perf/longest_sample_tokens_per_sec`,
-`perf/longest_effective_sample_tokens_per_sec`, `rollout/num_empty_responses` (samples without a response token, not
+`perf/longest_effective_sample_tokens_per_sec`, `perf/*non_generation*` (`non_generation_metrics`),
+`rollout/top_p_kept_vocab_per_token` (top-p replay),
+`rollout/num_empty_responses` (samples without a response token, not
 in the original); with `--log-passrate` `passrate/pass@{k}`, with `--log-reward-category KEY`
 `rollout/error_cat/{category}`, with `--log-multi-turn` `multi_turn/...` (`multi_turn_metrics`). Source of the
 names: the original's `slime/observability/rollout_metrics.py` and `train_metric_utils.py`.
@@ -34,10 +36,12 @@ __all__ = [
     "flatten_groups",
     "has_repetition",
     "multi_turn_metrics",
+    "non_generation_metrics",
     "pass_at_k",
     "response_metrics",
     "reward_value",
     "rollout_log_probs_mean",
+    "top_p_kept_per_token",
 ]
 
 # The original's repetition test (`has_repetition`): the last 10,000 characters of a response longer than that
@@ -292,6 +296,9 @@ def compute_rollout_metrics(
     metrics.update(response_metrics(samples, "rollout/", lengths))
     if cfg.log_multi_turn:
         metrics.update(multi_turn_metrics(samples, cfg.rollout_max_response_len))
+    kept = top_p_kept_per_token(samples)
+    if kept is not None:
+        metrics["rollout/top_p_kept_vocab_per_token"] = kept
     engine_log_probs = rollout_log_probs_mean(samples)
     if engine_log_probs is not None:
         metrics["rollout/rollout_log_probs"] = engine_log_probs
@@ -301,8 +308,63 @@ def compute_rollout_metrics(
         metrics["perf/effective_tokens_per_gpu_per_sec"] = sum(lengths) / rollout_time / num_gpus
         metrics["perf/longest_sample_tokens_per_sec"] = max(s.response_length for s in samples) / rollout_time
         metrics["perf/longest_effective_sample_tokens_per_sec"] = max(lengths) / rollout_time
+    metrics.update(non_generation_metrics(samples, rollout_time, lengths))
+    return metrics
+
+
+def top_p_kept_per_token(samples: Sequence[Sample]) -> float | None:
+    """The original's `rollout/top_p_kept_vocab_per_token`: token ids the engine kept per trainable position.
+
+    Top-p replay (`Sample.rollout_top_p_token_offsets`, `[response_length + 1]`): the kept-set sizes
+    `offsets[t+1] - offsets[t]` summed over the positions with loss mask 1, over those positions' count, over the
+    samples that carry offsets and are not `remove_sample` (the original's `_compute_top_p_kept_vocab_metrics`).
+
+    Returns:
+        The mean, or None when no trainable position carries a kept set.
+    """
+    kept = positions = 0
+    for s in samples:
+        offsets = s.rollout_top_p_token_offsets
+        if not offsets or s.response_length == 0 or s.remove_sample:
+            continue
+        mask = [1] * s.response_length if s.loss_mask is None else s.loss_mask
+        kept += sum(offsets[t + 1] - offsets[t] for t, m in enumerate(mask) if m)
+        positions += sum(1 for m in mask if m)
+    return kept / positions if positions else None
+
+
+def non_generation_metrics(
+    samples: Sequence[Sample], rollout_time: float, lengths: Sequence[int] | None = None
+) -> dict[str, float]:
+    """The original's `perf/*non_generation*` metrics of a rollout whose samples spent time outside generation.
+
+    `perf/non_generation_time/{mean,median,max,min}` (seconds per sample, `Sample.non_generation_time`: tool and env
+    calls) and, for the longest samples by response tokens and by trainable tokens (`effective_`),
+    `perf/longest_[effective_]sample_non_generation_time` (their mean) and
+    `perf/longest_[effective_]sample_tokens_per_sec_without_non_generation`: the longest length over the rollout's
+    time less that mean. As the original's `compute_perf_metrics_from_samples`; empty when no sample spent any.
+
+    Args:
+        samples: the rollout's samples, at least one.
+        rollout_time: wall-clock seconds of the rollout.
+        lengths: the samples' `effective_response_length`s (None: read here).
+    """
     non_gen = [s.non_generation_time for s in samples]
-    if any(non_gen):
-        metrics["perf/non_generation_time/mean"] = statistics.fmean(non_gen)
-        metrics["perf/non_generation_time/max"] = max(non_gen)
+    if max(non_gen) <= 0:
+        return {}
+    if lengths is None:
+        lengths = [s.effective_response_length for s in samples]
+    metrics = {
+        "perf/non_generation_time/mean": statistics.fmean(non_gen),
+        "perf/non_generation_time/median": float(statistics.median(non_gen)),
+        "perf/non_generation_time/max": float(max(non_gen)),
+        "perf/non_generation_time/min": float(min(non_gen)),
+    }
+    for key, sizes in (("", [s.response_length for s in samples]), ("effective_", lengths)):
+        longest = max(sizes)
+        spent = statistics.fmean(t for t, n in zip(non_gen, sizes, strict=True) if n == longest)
+        metrics[f"perf/longest_{key}sample_non_generation_time"] = spent
+        if rollout_time > spent:  # the original divides by it whatever its sign (a negative rate, or a crash)
+            rate = longest / (rollout_time - spent)
+            metrics[f"perf/longest_{key}sample_tokens_per_sec_without_non_generation"] = rate
     return metrics
