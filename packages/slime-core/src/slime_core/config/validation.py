@@ -478,6 +478,14 @@ def _delta_weight_sync(args: SlimeArgs) -> None:
         given = [field_to_flag(f) for f in non_default(args, DELTA_ONLY_FIELDS)]
         if given:
             warn_once("delta_flags", f"{' / '.join(given)}: no effect without --update-weight-mode delta")
+        if args.update_weight_local_checkpoint_dir is not None:
+            # The original's full disk sync has every engine host copy the checkpoint there first; ours never does.
+            warn_once(
+                "delta_local_dir",
+                "--update-weight-local-checkpoint-dir: no effect without --update-weight-mode delta; a full disk "
+                "sync's engines load each version from --update-weight-disk-dir (the original copies it into that "
+                "folder on each engine host first)",
+            )
         return
     # Else --dry-run calls it valid and the run stops only once the weight updater is built (after Ray and engines).
     if args.update_weight_delta_checksum == "blake3" and importlib.util.find_spec("blake3") is None:
