@@ -466,6 +466,14 @@ def _weight_sync(args: SlimeArgs) -> None:
             args.weight_sync = "disk"
     if args.weight_sync == "disk" and args.update_weight_disk_dir is None:
         args.update_weight_disk_dir = os.path.join(args.output_dir, "weight_sync")
+    if args.update_weights_interval != 1 and not args.async_train:
+        # As the original's train.py, which reads it only in train_async.py.
+        warn_once(
+            "update_weights_interval",
+            f"--update-weights-interval {args.update_weights_interval} has no effect without --async: the sync loop "
+            "pushes the weights after every step (as the original's train.py); add --async to push every "
+            f"{args.update_weights_interval} rollouts",
+        )
     _delta_weight_sync(args)
 
 
