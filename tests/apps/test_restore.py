@@ -124,3 +124,46 @@ def test_fully_async_pushes_hold_the_managers_health_probes_while_the_weights_mo
     restore.EngineRestorer(SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1}), manager,
                            _RecordingTrainer(manager)).push(5)  # fmt: skip
     assert manager.calls == [("update_weights", 5)]
+
+
+class _AwaitingManager(_Manager):
+    """A manager with `awaiting` restarted engines waiting for weights."""
+
+    def __init__(self, urls, awaiting):
+        super().__init__(urls)
+        self.awaiting = awaiting
+
+    def __getattr__(self, name):
+        if name == "engines_awaiting_weights":
+            return types.SimpleNamespace(remote=lambda: list(self.awaiting))
+        return super().__getattr__(name)
+
+
+def test_an_engine_restarted_after_a_train_step_gets_the_trainers_weights_under_their_own_version(monkeypatch):
+    # Was: `--async` (or --update-weights-interval > 1) restores during the generation that follows a train step
+    # pushed the trainer's already-trained weights labelled with the previous version: the restarted engine served
+    # other weights than its peers under their version, and its samples recorded the wrong weight version.
+    monkeypatch.setattr(restore, "ray", types.SimpleNamespace(get=lambda ref: ref))
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 4, "use_fault_tolerance": True})
+    manager = _AwaitingManager(["http://e0", "http://e1"], awaiting=["http://e1"])
+    restorer = restore.EngineRestorer(cfg, manager, _RecordingTrainer(manager))
+    restorer.push(3)
+    restorer.restore_waiting()  # the trainer still holds v3: the served version
+    restorer.trained(4)  # one train step; its weights are synced later
+    restorer.restore_waiting()
+    pushes = [c for c in manager.calls if c[0] == "update_weights"]
+    assert pushes == [("update_weights", 3), ("update_weights", 3), ("update_weights", 4)]
+    assert restorer.weight_version == 3  # what the others serve until the regular sync
+
+
+def test_a_train_step_tells_the_restorer_which_version_the_trainer_now_holds(monkeypatch):
+    from slime_app import loop
+
+    monkeypatch.setattr(restore, "ray", types.SimpleNamespace(get=lambda ref: ref))
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 9, "use_fault_tolerance": True})
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.train_end = cfg, None
+    run.trainer = types.SimpleNamespace(train=lambda rollout_id, refs: {"loss": 0.5})
+    run.restorer = restore.EngineRestorer(cfg, _Manager([]), run.trainer)
+    run.train(7, [])
+    assert run.restorer.trainer_version == 8  # what the sync after rollout 7 pushes

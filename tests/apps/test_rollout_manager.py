@@ -370,3 +370,66 @@ def test_dispose_stops_the_grading_pool_and_its_semaphores_go(tmp_path):
     manager.dispose()
     assert pool_module._pool is None
     assert [path for path in semaphores if os.path.exists(path)] == []
+
+
+class _Supervisor:
+    def __init__(self):
+        self.failed = []
+
+    def fail(self, urls, reason):
+        self.failed.append((urls, reason))
+
+
+def test_a_dead_engine_under_fault_tolerance_is_restarted_when_the_engines_release_memory():
+    # Was: the colocated offload/onload broadcast raised the dead engine's EngineError, so an engine that died while
+    # the trainer trained ended a --use-fault-tolerance run at the next memory swap instead of being restarted.
+    import asyncio
+
+    from aiohttp import web
+
+    from slime_app.rollout_manager import RolloutManager
+    from slime_rollout.engines.client import RolloutClient
+    from slime_rollout.engines.process import find_free_port
+    from slime_rollout.engines.transport import EngineError
+    from slime_rollout.runtime.async_utils import run
+
+    calls = []
+
+    async def handler(request):
+        calls.append(request.path)
+        return web.Response(status=200)
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def start():
+        runner = web.AppRunner(web.Application())
+        runner.app.router.add_route("*", "/{tail:.*}", handler)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    runner, live = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=30)
+    dead = f"http://127.0.0.1:{find_free_port(start=29700)}"  # nothing listens: connection refused
+    try:
+        cls = RolloutManager.__ray_metadata__.modified_class
+        for supervisor in (_Supervisor(), None):
+            manager = cls.__new__(cls)
+            manager.engines, manager.offloaded, manager.supervisor = object(), False, supervisor
+            manager.client = RolloutClient([live, dead], max_retries=0)
+            try:
+                if supervisor is None:  # without fault tolerance the dead engine ends the run, naming it
+                    with pytest.raises(EngineError, match=dead.replace(".", r"\.")):
+                        manager.offload()
+                    continue
+                calls.clear()
+                manager.offload()
+            finally:
+                run(manager.client.aclose())
+            assert calls == ["/flush_cache", "/release_memory_occupation"]  # the live engine released its memory
+            assert manager.offloaded
+            assert [urls for urls, _ in supervisor.failed] == [[dead], [dead]]
+            assert supervisor.failed[0][1] == "/flush_cache failed: engine unreachable"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)

@@ -481,6 +481,39 @@ def test_delta_flags_without_delta_mode_warn_once(caplog):
     ]
 
 
+def test_update_weights_interval_without_async_says_the_sync_loop_pushes_every_step(caplog):
+    # Was: accepted silently, while the sync loop pushed after every step (as the original's train.py): a run asking
+    # for pushes every 2 rollouts trained fully on-policy with no word.
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(update_weights_interval=1)
+        make(async_train=True, update_weights_interval=2)  # read by the --async schedule: nothing to say
+        make(update_weights_interval=2)
+        make(update_weights_interval=2)
+    messages = [r.getMessage() for r in caplog.records if "--update-weights-interval" in r.getMessage()]
+    assert messages == [
+        "--update-weights-interval 2 has no effect without --async: the sync loop pushes the weights after every step "
+        "(as the original's train.py); add --async to push every 2 rollouts"
+    ]
+
+
+def test_a_local_checkpoint_dir_without_delta_mode_says_it_is_not_used(caplog, tmp_path):
+    # Was: a full disk sync accepted --update-weight-local-checkpoint-dir (the original's engines copy each version
+    # there and load it from there) and said nothing, while the engines read --update-weight-disk-dir.
+    disk = {"weight_sync": "disk", "update_weight_disk_dir": str(tmp_path / "shared")}
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(**disk)  # not given: nothing to say
+        make(**disk, update_weight_local_checkpoint_dir=str(tmp_path / "nvme"))
+        make(**disk, update_weight_local_checkpoint_dir=str(tmp_path / "nvme"))
+        delta = make(**disk, update_weight_mode="delta", update_weight_local_checkpoint_dir=str(tmp_path / "nvme"))
+    assert delta.update_weight_local_checkpoint_dir == str(tmp_path / "nvme")  # read by the delta push
+    messages = [r.getMessage() for r in caplog.records if "local-checkpoint-dir" in r.getMessage()]
+    assert messages == [
+        "--update-weight-local-checkpoint-dir: no effect without --update-weight-mode delta; a full disk sync's "
+        "engines load each version from --update-weight-disk-dir (the original copies it into that folder on each "
+        "engine host first)"
+    ]
+
+
 def test_eval_data_without_eval_interval_says_no_eval_runs(caplog):
     # As the original, eval data alone runs no eval (its scripts turn eval off by leaving --eval-interval out): said
     # once, so a user who meant to evaluate learns why no eval/ curve appears.

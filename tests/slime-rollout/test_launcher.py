@@ -34,6 +34,7 @@ SGLANG_FIELDS = {
     "skip_server_warmup",
     "mem_fraction_static",
     "enable_memory_saver",
+    "enable_draft_weights_cpu_backup",  # recorded in tests/fixtures/sglang-wire/text.json's server_args
 }
 
 
@@ -60,7 +61,7 @@ def test_sglang_command_line(monkeypatch):
     assert flags == (
         "--model-path /models/qwen3 --host 10.0.0.2 --port 15000 --tp-size 2 --nccl-port 15001 --base-gpu-id 4 "
         "--random-seed 1238 --trust-remote-code --skip-server-warmup --mem-fraction-static 0.7 "
-        "--enable-memory-saver --chunked-prefill-size 4096 --enable-dp-attention"
+        "--enable-memory-saver --enable-draft-weights-cpu-backup --chunked-prefill-size 4096 --enable-dp-attention"
     )
     emitted = {t[2:].replace("-", "_") for t in cmd if t.startswith("--")} - {
         "chunked_prefill_size",
@@ -132,6 +133,20 @@ def test_a_launchable_engine_of_another_package_starts_through_its_record(regist
         engine_kind("bad_factory")
 
 
+def test_a_releasing_engine_keeps_its_speculative_draft_weights(monkeypatch):
+    # Was: colocated (--enable-memory-saver) engines ran without --enable-draft-weights-cpu-backup, which the original
+    # always passes: a sync never sends an EAGLE/MTP draft model's weights, so after the first release SGLang served
+    # the draft from fresh memory for the rest of the run (no error; drafts all rejected).
+    monkeypatch.delenv("SLIME_SGLANG_ARGS", raising=False)
+    spec = sglang_args(sglang_args={"speculative_algorithm": "EAGLE", "speculative_num_steps": "3"})
+    common = dict(host="h", port=1, nccl_port=2, tp_size=1, base_gpu_id=0, random_seed=0, python="py")
+    cmd = build_sglang_command(spec, memory_saver=True, **common)
+    assert cmd.count("--enable-draft-weights-cpu-backup") == 1
+    assert cmd.index("--enable-draft-weights-cpu-backup") < cmd.index("--speculative-algorithm")
+    given = sglang_args(sglang_args={"enable_draft_weights_cpu_backup": True})
+    assert build_sglang_command(given, memory_saver=True, **common).count("--enable-draft-weights-cpu-backup") == 1
+
+
 def test_sglang_command_no_saver_passthrough_overrides_and_env_args(monkeypatch):
     monkeypatch.setenv("SLIME_SGLANG_ARGS", "--log-level debug --attention-backend 'fa3'")
     cmd = build_sglang_command(
@@ -146,7 +161,7 @@ def test_sglang_command_no_saver_passthrough_overrides_and_env_args(monkeypatch)
         mem_fraction_static=0.7,
         python="py",
     )
-    assert "--enable-memory-saver" not in cmd
+    assert "--enable-memory-saver" not in cmd and "--enable-draft-weights-cpu-backup" not in cmd
     assert cmd.count("--mem-fraction-static") == 1 and cmd[cmd.index("--mem-fraction-static") + 1] == "0.5"
     assert cmd[-8:] == [
         *["--mem-fraction-static", "0.5", "--cuda-graph-max-bs", "64"],  # pass-through (wins over the computed 0.7)

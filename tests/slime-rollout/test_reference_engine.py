@@ -452,3 +452,36 @@ def test_the_served_model_path_follows_a_load_from_disk(tiny_qwen3_dir, tmp_path
         shutil.copy(f, tmp_path / f.name)
     assert model.weights.load_from_disk(str(tmp_path)) == len(model.model.state_dict()) - 1  # lm_head tied
     assert model.model_path == str(tmp_path)
+
+
+def test_a_weight_update_to_an_engine_whose_weights_are_released_is_refused(reference_args, tiny_qwen3_dir,
+                                                                              private_tmp):  # fmt: skip
+    """Was: the reference engine took the update into its released weights and zeroed them at the resume, so the
+    engine served a zero model under the pushed version (SGLang writes into unmapped memory). Now one refusal."""
+    from slime_rollout.engines.launch import launch_engines
+
+    body = {"input_ids": [785, 4226, 374], "sampling_params": {"temperature": 0.0, "max_new_tokens": 3,
+            "ignore_eos": True}, "return_logprob": True}  # fmt: skip
+
+    async def push_while_released(url):
+        engine = EngineClient(url, timeout=60, max_retries=0)
+        try:
+            before = (await engine.generate(body))["meta_info"]["output_token_logprobs"]
+            await engine.request("POST", "/release_memory_occupation", {})
+            with pytest.raises(EngineError) as refused:
+                await engine.update_weights_from_disk(model_path=str(tiny_qwen3_dir), weight_version="7")
+            version = await engine.get_weight_version()
+            await engine.request("POST", "/resume_memory_occupation", {"tags": ["weights"]})
+            await engine.update_weights_from_disk(model_path=str(tiny_qwen3_dir), weight_version="7")
+            after = (await engine.generate(body))["meta_info"]["output_token_logprobs"]
+            return str(refused.value), version, before, after
+        finally:
+            await engine.aclose()
+
+    cfg = reference_args(tiny_qwen3_dir)
+    with launch_engines(cfg, num_engines=1, gpus_per_engine=1, colocate=True, startup_timeout_s=300,
+                        log_dir=private_tmp / "released-logs") as group:  # fmt: skip
+        refusal, version, before, after = asyncio.run(push_while_released(group.urls[0]))
+    assert "/update_weights_from_disk: the weights are released (/release_memory_occupation)" in refusal
+    assert version != "7"  # the refused update did not move the version
+    assert after == before  # resumed (zeroed), then updated: the checkpoint's model again

@@ -43,7 +43,9 @@ class EngineSupervisor:
 
     def __init__(self, cfg: SlimeArgs, engines: Any, client: Any, *, needs_weights: bool):
         self.engines, self.client = engines, client
-        self._awaiting: dict[str, asyncio.Event] = {}
+        # URL -> the restore waiter of a restarted engine: resolved once the driver pushed it the weights, failed when
+        # that push failed (its recovery then ends failed, so the monitor restarts it again).
+        self._awaiting: dict[str, asyncio.Future[None]] = {}
         self._reported = client.pool.stats.as_dict()
         self.monitor = async_utils.run(self._make(cfg, needs_weights))
 
@@ -62,9 +64,9 @@ class EngineSupervisor:
         return monitor
 
     async def _restore(self, index: int, url: str) -> None:
-        event = self._awaiting[url] = asyncio.Event()
+        waiter = self._awaiting[url] = asyncio.get_running_loop().create_future()
         logger.info("engine %d (%s) restarted; waiting for the driver to push the current weights", index, url)
-        await event.wait()
+        await waiter  # raises when the push to it failed (`_fail`)
 
     # ---- called from the manager's threads ---------------------------------------------------
 
@@ -89,9 +91,9 @@ class EngineSupervisor:
 
     async def _release(self, urls: list[str]) -> None:
         for url in urls:
-            event = self._awaiting.pop(url, None)
-            if event is not None:
-                event.set()
+            waiter = self._awaiting.pop(url, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     def live_urls(self) -> list[str]:
         """Engines whose process runs (serving or waiting for weights): the targets of a regular weight push."""
@@ -103,6 +105,13 @@ class EngineSupervisor:
         async_utils.run(self._fail(urls, reason))
 
     async def _fail(self, urls: list[str], reason: str) -> None:
+        for url in urls:
+            waiter = self._awaiting.pop(url, None)
+            if waiter is not None and not waiter.done():
+                # A restarted engine the restore push could not reach: its recovery, still waiting, ends failed (a
+                # `recover` meanwhile is a no-op), so the next health check restarts it rather than the driver
+                # retrying the push every poll.
+                waiter.set_exception(RuntimeError(f"the current weights could not be pushed to it: {reason}"))
         for slot in self.client.pool.slots:
             if slot.url in urls:
                 self.monitor.recover(slot.index, reason)

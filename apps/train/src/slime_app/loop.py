@@ -344,6 +344,7 @@ class Run:
             self.restorer.trainer_awake = True
         t0 = time.perf_counter()
         train_metrics = self.trainer.train(rollout_id, batch_refs)
+        self.restorer.trained(rollout_id + 1)  # a restore before the next sync pushes these weights, as that version
         metrics = self._prefix("train", train_metrics)
         metrics["perf/train_time"] = time.perf_counter() - t0
         metrics.update(swap)

@@ -49,6 +49,9 @@ class EngineRestorer:
         # Fully async, generation goes on around a push: the manager's health probes hold while it runs.
         self.overlaps_generation = is_fully_async(cfg)
         self.weight_version: int | None = None  # what the engines serve (the last version pushed)
+        # The version the trainer's weights are now: ahead of `weight_version` between a train step and its sync
+        # (`--async`, or `--update-weights-interval` > 1), when a restore pushes these newer weights.
+        self.trainer_version: int | None = None
         self.trainer_awake = True
         self.restore_seconds = 0.0
 
@@ -57,26 +60,41 @@ class EngineRestorer:
         while not ray.wait([ref], timeout=POLL_S if self.enabled else None)[0]:
             self.restore_waiting()
 
+    def trained(self, weight_version: int) -> None:
+        """The trainer's weights changed: the next push (a regular sync or a restore) is `weight_version`."""
+        self.trainer_version = weight_version
+
     def restore_waiting(self) -> None:
-        """Pushes the served weights to restarted engines that wait for them, then lets them serve."""
+        """Pushes the trainer's weights to restarted engines that wait for them, then lets them serve.
+
+        They are labelled with the version they are: the served one, or the trainer's newer one when it trained
+        since the last sync (it holds no copy of the served weights), which the samples of those engines record.
+        """
         if not self.enabled or self.weight_version is None:
             return
         urls = ray.get(self.manager.engines_awaiting_weights.remote())
         if not urls:
             return
+        version = max(self.weight_version, self.trainer_version or 0)
+        if version != self.weight_version:
+            logger.warning(
+                "restarted engine(s) %s get the trainer's weights v%s, the others serve v%s until the next sync: the "
+                "trainer trained since that push and holds no copy of its weights",
+                ", ".join(urls), version, self.weight_version,
+            )  # fmt: skip
         t0 = time.perf_counter()
         wake = self.cfg.colocate and self.cfg.offload_train and not self.trainer_awake
         if wake:
             self.trainer.wake_up()  # named_hf_weights needs the trainer's weights on its device
         try:
-            self._push(self.weight_version, urls)
+            self._push(version, urls)
         finally:
             if wake:
                 self.trainer.sleep()
         self.restore_seconds += time.perf_counter() - t0
         logger.info(
             "restored weights v%s to %d restarted engine(s) in %.1fs: %s",
-            self.weight_version,
+            version,
             len(urls),
             time.perf_counter() - t0,
             ", ".join(urls),

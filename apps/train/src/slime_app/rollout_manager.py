@@ -476,9 +476,26 @@ class RolloutManager:
                 self.offloaded = False
 
     def _broadcast(self, method: str, **kwargs: Any) -> None:
+        """`method` on every live engine; under `--use-fault-tolerance` an unreachable one is restarted, not fatal.
+
+        A restarted engine comes back with its memory held and waits for the current weights (`slime_app.restore`).
+
+        Raises:
+            EngineError: an engine refused the call, or (without fault tolerance) did not answer.
+        """
+        from slime_rollout.engines.transport import EngineError
         from slime_rollout.runtime.async_utils import run
 
-        run(self.client.broadcast(method, **kwargs))
+        lost: dict[str, str] = {}
+        for url, outcome in run(self.client.broadcast_settled(method, **kwargs)).items():
+            if not isinstance(outcome, BaseException):
+                continue
+            if not (self.supervisor is not None and isinstance(outcome, EngineError) and outcome.unreachable):
+                raise outcome
+            lost[url] = str(outcome)
+        if lost:
+            logger.error("/%s: engine(s) unreachable, restarting them: %s", method, "; ".join(lost.values()))
+            self.supervisor.fail(list(lost), f"/{method} failed: engine unreachable")
 
     def save(self, rollout_id: int) -> None:
         """Saves the data-source cursor next to the checkpoint (fully async: with the producer's held groups)."""

@@ -226,6 +226,11 @@ class WeightSyncArgs(ArgsGroup):
         "push, naming this flag (the original waits without limit).",
         gt=0,
     )
-    update_weights_interval: int = arg(1, "Push weights to the engines every this many rollouts.", ge=1)
+    update_weights_interval: int = arg(
+        1,
+        "Push weights to the engines every this many rollouts, with --async (the sync loop pushes after every step, as "
+        "the original's train.py).",
+        ge=1,
+    )
     keep_old_actor: bool = arg(False, "Keep a copy of the previous actor weights as the old policy.")
     check_weight_update_equal: bool = arg(False, "After a sync, check that engine weights equal trainer weights.")

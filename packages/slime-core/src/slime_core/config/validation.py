@@ -466,6 +466,14 @@ def _weight_sync(args: SlimeArgs) -> None:
             args.weight_sync = "disk"
     if args.weight_sync == "disk" and args.update_weight_disk_dir is None:
         args.update_weight_disk_dir = os.path.join(args.output_dir, "weight_sync")
+    if args.update_weights_interval != 1 and not args.async_train:
+        # As the original's train.py, which reads it only in train_async.py.
+        warn_once(
+            "update_weights_interval",
+            f"--update-weights-interval {args.update_weights_interval} has no effect without --async: the sync loop "
+            "pushes the weights after every step (as the original's train.py); add --async to push every "
+            f"{args.update_weights_interval} rollouts",
+        )
     _delta_weight_sync(args)
 
 
@@ -478,6 +486,14 @@ def _delta_weight_sync(args: SlimeArgs) -> None:
         given = [field_to_flag(f) for f in non_default(args, DELTA_ONLY_FIELDS)]
         if given:
             warn_once("delta_flags", f"{' / '.join(given)}: no effect without --update-weight-mode delta")
+        if args.update_weight_local_checkpoint_dir is not None:
+            # The original's full disk sync has every engine host copy the checkpoint there first; ours never does.
+            warn_once(
+                "delta_local_dir",
+                "--update-weight-local-checkpoint-dir: no effect without --update-weight-mode delta; a full disk "
+                "sync's engines load each version from --update-weight-disk-dir (the original copies it into that "
+                "folder on each engine host first)",
+            )
         return
     # Else --dry-run calls it valid and the run stops only once the weight updater is built (after Ray and engines).
     if args.update_weight_delta_checksum == "blake3" and importlib.util.find_spec("blake3") is None:

@@ -460,6 +460,18 @@ class RolloutClient:
             raise AttributeError(f"EngineClient has no method {method_name!r}")
         return await asyncio.gather(*(getattr(e, method_name)(**kw) for e in engines))
 
+    async def broadcast_settled(self, method_name: str, **kw: Any) -> dict[str, Any]:
+        """`broadcast`, but every live engine's outcome: URL -> its result, or the exception its call raised.
+
+        Raises:
+            AttributeError: unknown method name.
+        """
+        engines = await self._engines()
+        if not hasattr(EngineClient, method_name):
+            raise AttributeError(f"EngineClient has no method {method_name!r}")
+        results = await asyncio.gather(*(getattr(e, method_name)(**kw) for e in engines), return_exceptions=True)
+        return {e.url: r for e, r in zip(engines, results, strict=True)}
+
     async def abort_all(self, *, poll_s: float = 0.1, timeout_s: float = 300.0) -> None:
         """Aborts every request on every engine, then waits until no engine has unfinished requests.
 

@@ -5,7 +5,8 @@ Command line (flag names of SGLang 0.5.16 `ServerArgs`)::
     <engine python> -m sglang.launch_server --model-path <hf_checkpoint> --host H --port P --tp-size G
         --nccl-port N --base-gpu-id B --random-seed S --trust-remote-code --skip-server-warmup
         [--mem-fraction-static F] [--enable-memory-saver] [LoRA flags: `lora_server_args`]
-        [--enable-weights-cpu-backup: `needs_weights_backup`] <every --sglang-* flag> <$SLIME_SGLANG_ARGS>
+        [--enable-weights-cpu-backup: `needs_weights_backup`] [--enable-draft-weights-cpu-backup: with the saver]
+        <every --sglang-* flag> <$SLIME_SGLANG_ARGS>
 
 The SGLang interpreter is `--engine-python`, else `$SLIME_SGLANG_PYTHON`, else this one (`engine_python`).
 Environment: `SLIME_SGLANG_PYTHONPATH` becomes the engine's PYTHONPATH, `SLIME_SGLANG_ARGS` is appended (shell-split).
@@ -133,7 +134,8 @@ def build_sglang_command(
         tp_size: GPUs of the engine.
         base_gpu_id: its first GPU.
         random_seed: its sampling seed.
-        memory_saver: `--enable-memory-saver` (colocated engines release memory while the trainer runs).
+        memory_saver: `--enable-memory-saver` (colocated engines release memory while the trainer runs), with
+            `--enable-draft-weights-cpu-backup` (a speculative draft model, never synced, keeps its weights).
         mem_fraction_static: `--mem-fraction-static` computed by the caller; a `--sglang-mem-fraction-static`
             pass-through flag wins.
         python: overrides the interpreter.
@@ -168,6 +170,10 @@ def build_sglang_command(
     cmd += true_on_policy_server_args(cfg)
     if needs_weights_backup(cfg, memory_saver=memory_saver) and "--enable-weights-cpu-backup" not in passthrough:
         cmd.append("--enable-weights-cpu-backup")
+    if memory_saver and "--enable-draft-weights-cpu-backup" not in passthrough:
+        # As the original (sglang_engine.py): no sync sends a speculative draft model's weights (EAGLE/MTP), so a
+        # release would leave the draft on fresh memory for the rest of the run. Inert without a draft model.
+        cmd.append("--enable-draft-weights-cpu-backup")
     if cfg.use_rollout_routing_replay and "--enable-return-routed-experts" not in passthrough:
         cmd.append("--enable-return-routed-experts")  # R3: replies carry meta_info.routed_experts
     cmd += passthrough

@@ -57,6 +57,12 @@ async def _run_update(
     extra = {"num_paused_requests": 0} if from_disk else {}
     async with engine.update_lock:
         refusal = engine.push_guard.refusal(weight_version, endpoint)
+        if refusal is None and engine.weights_released:
+            # SGLang would write into unmapped memory (a crash) or lose the update at the resume: refused instead.
+            refusal = (
+                f"{endpoint}: the weights are released (/release_memory_occupation); resume them "
+                "(/resume_memory_occupation with the 'weights' tag) before updating them"
+            )
         if refusal is not None:
             if drain is not None:
                 await asyncio.to_thread(drain)  # a collective's sender waits for this rank: receive, discard
