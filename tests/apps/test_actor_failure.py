@@ -29,6 +29,30 @@ def _died(message: str = DIED, init_failed: bool = False) -> ray.exceptions.Acto
     return error
 
 
+def _cli_with_a_failing_run(tmp_path, imports: str, run_body: str) -> subprocess.CompletedProcess:
+    """`slime_app.cli.main` on the demo flags with `loop.Run` replaced by one whose `run()` executes `run_body`.
+
+    Args:
+        imports: the script's import line(s) (what `run_body` uses).
+        run_body: the statements of `Run.run`, unindented.
+    """
+    body = textwrap.indent(textwrap.dedent(run_body).strip(), " " * 8)
+    script = (
+        f"import sys\n{imports}\nfrom slime_app import loop\n"
+        "class Run:\n    def __init__(self, cfg):\n        self.tracker = None\n"
+        f"    def run(self):\n{body}\n"
+        "    def close(self):\n        pass\n"
+        "loop.Run = Run\nfrom slime_app.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script, "--hf-checkpoint", str(MODEL_DIR),
+         "--rollout-batch-size", "1", "--num-rollout", "1",
+         "--rollout-max-response-len", "8", "--output-dir",
+         str(tmp_path), "--rollout-engine", "reference", "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""},
+    )  # fmt: skip
+
+
 def test_the_line_names_the_process_how_it_died_and_where_to_look():
     assert actor_failure(_died()) == (
         "the process of the rollout manager (where reward, generate and data-source plugins run) (pid 2755) died "
@@ -43,32 +67,15 @@ def test_the_line_names_the_process_how_it_died_and_where_to_look():
 
 def test_the_cli_ends_in_one_line_when_a_process_of_the_run_dies(tmp_path):
     # Before: three chained tracebacks (118 lines) of ActorDiedError and no `slime: error:` line.
-    script = textwrap.dedent(
+    out = _cli_with_a_failing_run(
+        tmp_path,
+        "import ray.exceptions",
         f"""
-        import sys
-        import ray.exceptions
-        from slime_app import loop
-        class Run:
-            def __init__(self, cfg):
-                self.tracker = None
-            def run(self):
-                error = ray.exceptions.ActorDiedError()
-                ray.exceptions.RayActorError.__init__(error, "6ab0f91e", {DIED.encode().decode("unicode_escape")!r})
-                raise error
-            def close(self):
-                pass
-        loop.Run = Run
-        from slime_app.cli import main
-        sys.exit(main(sys.argv[1:]))
-        """
+        error = ray.exceptions.ActorDiedError()
+        ray.exceptions.RayActorError.__init__(error, "6ab0f91e", {DIED.encode().decode("unicode_escape")!r})
+        raise error
+        """,
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script, "--hf-checkpoint", str(MODEL_DIR),
-         "--rollout-batch-size", "1", "--num-rollout", "1",
-         "--rollout-max-response-len", "8", "--output-dir",
-         str(tmp_path), "--rollout-engine", "reference", "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""},
-    )  # fmt: skip
     assert out.returncode == 1, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("slime: error:")]
     assert errors == ["slime: error: " + actor_failure(_died())], out.stderr[-3000:]
@@ -122,34 +129,17 @@ def test_a_trainer_rank_out_of_memory_is_one_line_naming_the_rank_and_the_flags(
 
 
 def test_the_cli_ends_in_one_line_with_exit_1_when_a_rank_runs_out_of_memory(tmp_path):
-    script = textwrap.dedent(
+    out = _cli_with_a_failing_run(
+        tmp_path,
+        "import ray.exceptions, torch",
         f"""
-        import sys
-        import ray.exceptions, torch
-        from slime_app import loop
-        class Run:
-            def __init__(self, cfg):
-                self.tracker = None
-            def run(self):
-                cause = torch.OutOfMemoryError({CUDA_OOM!r})
-                raise ray.exceptions.RayTaskError(
-                    "TrainActor.train", "Traceback (most recent call last): ...", cause, "ray::TrainActor.train",
-                    pid=4242, ip="10.0.0.7",
-                ).as_instanceof_cause()
-            def close(self):
-                pass
-        loop.Run = Run
-        from slime_app.cli import main
-        sys.exit(main(sys.argv[1:]))
-        """
+        cause = torch.OutOfMemoryError({CUDA_OOM!r})
+        raise ray.exceptions.RayTaskError(
+            "TrainActor.train", "Traceback (most recent call last): ...", cause, "ray::TrainActor.train",
+            pid=4242, ip="10.0.0.7",
+        ).as_instanceof_cause()
+        """,
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script, "--hf-checkpoint", str(MODEL_DIR),
-         "--rollout-batch-size", "1", "--num-rollout", "1",
-         "--rollout-max-response-len", "8", "--output-dir",
-         str(tmp_path), "--rollout-engine", "reference", "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""},
-    )  # fmt: skip
     assert out.returncode == 1, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("slime: error:")]
     assert errors == [
