@@ -110,6 +110,7 @@ def _toggle_fusions(backend, on: bool, device: str) -> None:
 def _toggle_compile(backend, on: bool, device: str) -> None:
     from slime_train_megatron.model import compile_decoder_layers
 
+    backend.settings.megatron_compile_layers = on  # the pipeline passes RoPE the boundaries the compiled layers want
     if on:  # CPU smoke mode: dynamo's graphs without inductor's C++ build
         # BENCH_CPU_INDUCTOR=1: inductor's C++ code on CPU too (slower; what CUDA runs, minus Triton)
         inductor = device == "cuda" or os.environ.get("BENCH_CPU_INDUCTOR")

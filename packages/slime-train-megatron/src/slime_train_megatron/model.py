@@ -17,7 +17,6 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.tensor_parallel import layers as mcore_layers
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
 
@@ -28,6 +27,7 @@ from slime_core.compile_setup import prepare_layer_compile
 from slime_train_megatron.attention import PackedCoreAttention, attention_kind
 from slime_train_megatron.layers import sandwich_norm_spec
 from slime_train_megatron.settings import MegatronSettings
+from slime_train_megatron.traceable import use_traceable_layer_pieces
 from slime_train_megatron.value_head import ValueHead, value_head_from_hf
 from slime_train_megatron.weights import merge_tp_shards, shard_for_tp
 
@@ -41,7 +41,6 @@ __all__ = [
     "global_param_names",
     "iter_hf_weights",
     "load_hf_weights",
-    "tp_group_or_default",
 ]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -211,13 +210,11 @@ def compile_decoder_layers(model: GPTModel, backend: str = "inductor") -> int:
 
     Regional compilation, as the FSDP backend's `--fsdp-compile-layers`: every layer has the same code, so the
     graphs are built once and reused (checked on CPU: 2 and 6 layers give the same 25 graphs); packed rows change
-    length, hence dynamic shapes. megatron-core 0.16's layer graph-breaks where it reads host values (THD RoPE's
-    `.tolist()` of the sequence lengths) and in `make_viewless_tensor`; its `RowParallelLinear` passes
-    `tp_group=None` and so warned (a graph break) on every call: `tp_group_or_default` resolves it silently. The
-    pieces between run compiled (the norms, RoPE, SwiGLU and residual adds
-    fuse inside them). RoPE's graph specializes on the number of sequences in a row: past torch's recompile limit
-    (8 distinct counts) that piece runs eagerly. Parameters, names and hooks are unchanged (`nn.Module.compile`
-    wraps the call only). Float inputs are compiled as constants and inductor's workers start now
+    length, hence dynamic shapes. Two megatron-core pieces that broke every layer's graph are replaced by traceable
+    ones with the same numbers (`traceable.use_traceable_layer_pieces`: the row-parallel linear's per-call warning,
+    THD RoPE's host read of the sequence lengths); the norms, RoPE, SwiGLU and residual adds fuse in what is
+    compiled, and `make_viewless_tensor` at the layer's end still breaks. Parameters, names and hooks are unchanged
+    (`nn.Module.compile` wraps the call only). Float inputs are compiled as constants and inductor's workers start now
     (`slime_core.compile_setup.prepare_layer_compile`).
 
     Args:
@@ -228,32 +225,10 @@ def compile_decoder_layers(model: GPTModel, backend: str = "inductor") -> int:
         The number of layers compiled.
     """
     prepare_layer_compile(next(model.parameters()).device)
-    mcore_layers.get_tensor_model_parallel_group_if_none = tp_group_or_default
+    use_traceable_layer_pieces()
     for layer in model.decoder.layers:
         layer.compile(dynamic=True, backend=backend)
     return len(model.decoder.layers)
-
-
-def tp_group_or_default(tp_group, is_expert: bool = False, check_initialized: bool = True):
-    """megatron-core 0.16's `get_tensor_model_parallel_group_if_none` without its deprecation warning.
-
-    `RowParallelLinear.forward` passes `tp_group=None` to the linear function, which resolves it here on every call;
-    megatron-core's version calls `warnings.warn` on rank 0 each time, and dynamo cannot trace that builtin: each
-    compiled layer broke its graph at every row-parallel linear (CPU, tiny Qwen3: 17 of the layer's graph breaks).
-    `compile_decoder_layers` puts this in `megatron.core.tensor_parallel.layers` (the module that calls it per
-    forward); the group returned is megatron-core's.
-
-    Returns:
-        None without torch.distributed; `tp_group` as given when parallel_state is not initialized or it is not
-        None; else the (expert) tensor-parallel group of parallel_state.
-    """
-    if not dist.is_initialized():
-        return None
-    if not parallel_state.is_initialized() or tp_group is not None:
-        return tp_group
-    if is_expert:
-        return parallel_state.get_expert_tensor_parallel_group(check_initialized=check_initialized)
-    return parallel_state.get_tensor_model_parallel_group(check_initialized=check_initialized)
 
 
 def _layer_offsets(model: GPTModel) -> dict[int, int]:

@@ -146,7 +146,10 @@ class PipelineRunner:
         # Samples are padded inside their own segment, so padded and real boundaries coincide. For slime's packed
         # attention the padded copies stay on the host: megatron-core's THD RoPE reads them with `.tolist()` in
         # every layer (a device sync each time on CUDA tensors), and the attention's exact fallback needs them too.
-        padded = p.cu_seqlens if self.attention == "packed" else cu
+        # Compiled layers run the traceable RoPE (`traceable.packed_rotary_pos_emb`), which reads nothing to the
+        # host and needs the boundaries where the frequencies are: the device copies.
+        host = self.attention == "packed" and not self.settings.megatron_compile_layers
+        padded = p.cu_seqlens if host else cu
         params = PackedSeqParams(
             qkv_format="thd",
             cu_seqlens_q=cu,
