@@ -76,8 +76,9 @@ def test_engine_launch_router_process_direction():
     graph = _graph(modules=True)
     assert "slime_rollout.engines.router" in graph["slime_rollout.engines.launch.group"]
     assert "slime_rollout.engines.process" in graph["slime_rollout.engines.launch.launcher"]
-    assert graph["slime_rollout.engines.router"] == {"slime_rollout.engines.process"}
-    assert "slime_rollout.engines.process" not in graph
+    # The router checks that the server on its port is its own (listeners: /proc only, no slime_rollout import).
+    assert graph["slime_rollout.engines.router"] == {"slime_rollout.engines.process", "slime_rollout.engines.listeners"}
+    assert "slime_rollout.engines.process" not in graph and "slime_rollout.engines.listeners" not in graph
 
 
 def test_wire_is_a_leaf_that_engines_and_weight_sync_share():

@@ -47,11 +47,15 @@ async def health_generate(request: Request):
             await asyncio.sleep(0.05)
         if scheduler.paused:
             return Response(status_code=503)
-    if scheduler.num_running:
-        # Busy: healthy once a running request's output moves on (SGLang's `last_receive_tstamp > tic`).
-        while scheduler.last_step_at <= began and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return Response(status_code=200 if scheduler.last_step_at > began else 503)
+    # Busy: healthy once a running request's output moves on (SGLang's `last_receive_tstamp > tic`). Requests that
+    # end without another step (aborted, e.g. an earlier probe's) leave the engine idle: then the probe's own
+    # generation decides, as SGLang's probe request always does.
+    while scheduler.num_running and scheduler.last_step_at <= began and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if scheduler.last_step_at > began:
+        return Response(status_code=200)
+    if time.monotonic() >= deadline:
+        return Response(status_code=503)
     rid = f"HEALTH_CHECK_{time.time()}"
     probe = submit_one(engine, [engine.model.pad_token_id], None, {"max_new_tokens": 1, "temperature": 0.0}, rid)
     try:
