@@ -358,3 +358,36 @@ async def test_a_sample_filter_that_returns_its_result_is_warned_about(use_clien
         assert not any(s.remove_sample for group in out.samples for s in group)
     else:
         assert lines == [] and out.samples[0][0].remove_sample
+
+
+def _generate_without_evaluation(args, sample, sampling_params):
+    sample.tokens, sample.response, sample.response_length = [*sample.tokens, A], "A", 1
+    sample.status = Status.COMPLETED
+    return sample
+
+
+async def forwarding_generate(args, sample, sampling_params, **kwargs):
+    GENERATE_KWARGS.append(sorted(kwargs))
+    return _generate_without_evaluation(args, sample, sampling_params, **kwargs)
+
+
+async def evaluation_generate(args, sample, sampling_params, evaluation=False):
+    GENERATE_KWARGS.append([("evaluation", evaluation)])
+    return _generate_without_evaluation(args, sample, sampling_params)
+
+
+GENERATE_KWARGS = []
+
+
+@pytest.mark.parametrize(
+    ("fn", "kwargs"), [("forwarding_generate", []), ("evaluation_generate", [("evaluation", False)])]
+)
+async def test_a_generate_function_gets_evaluation_only_where_it_names_the_parameter(use_client, fn, kwargs):
+    # The original passes evaluation= only when `"evaluation" in inspect.signature(fn).parameters`; a wrapper taking
+    # **kwargs and forwarding them failed here with "got an unexpected keyword argument 'evaluation'".
+    use_client(FakeClient({0: [A], 1: [A]}))
+    GENERATE_KWARGS.clear()
+    args = _args(custom_generate_function_path=f"{__name__}.{fn}")
+    out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
+    assert [s.response for group in out.samples for s in group] == ["A"] * 4
+    assert GENERATE_KWARGS == [kwargs] * 4

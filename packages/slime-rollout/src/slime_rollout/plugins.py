@@ -18,7 +18,14 @@ from slime_core.plugins import load_function as _core_load_function
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
-__all__ = ["ORIGINAL_PATH_ALIASES", "accepts_kwarg", "call_maybe_async", "eval_function", "load_function"]
+__all__ = [
+    "ORIGINAL_PATH_ALIASES",
+    "accepts_kwarg",
+    "call_maybe_async",
+    "declares_parameter",
+    "eval_function",
+    "load_function",
+]
 
 ORIGINAL_PATH_ALIASES: dict[str, str] = {
     "slime.rollout.sglang_rollout.generate_rollout": "slime_rollout.generation.rollout.generate_rollout",
@@ -100,3 +107,17 @@ def accepts_kwarg(fn: Callable[..., Any], name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+@functools.lru_cache(maxsize=256)
+def declares_parameter(fn: Callable[..., Any], name: str) -> bool:
+    """Whether `fn`'s signature names a parameter `name` (**kwargs does not count); cached (asked once per sample).
+
+    The original passes `evaluation=` to a custom generate function only so (`"evaluation" in
+    inspect.signature(fn).parameters`): one taking `**kwargs` gets none, and may forward them to a call that takes
+    no `evaluation`.
+    """
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False

@@ -22,7 +22,7 @@ from slime_rollout.generation.generate import build_sampling_params, mask_offpol
 from slime_rollout.generation.generate import generate as default_generate
 from slime_rollout.generation.opd import score_teacher
 from slime_rollout.generation.seeds import sample_seed
-from slime_rollout.plugins import accepts_kwarg, load_function
+from slime_rollout.plugins import accepts_kwarg, declares_parameter, load_function
 from slime_rollout.rewards import async_rm, batched_async_rm
 from slime_rollout.rewards.checks import checked_preset_reward
 from slime_rollout.runtime.deadlines import call_plugin_with_deadline, plugin_bounds
@@ -195,7 +195,8 @@ async def generate_and_rm(
                 sample.status = Status.ABORTED
                 return sample
             fn = _generate_fn(args, sample)
-            kwargs = {"evaluation": state.evaluation} if accepts_kwarg(fn, "evaluation") else {}
+            # As the original: only to a function that names the parameter (not to `**kwargs`, which it may forward).
+            kwargs = {"evaluation": state.evaluation} if declares_parameter(fn, "evaluation") else {}
             if fn is default_generate:  # ours: its engine requests are bounded and logged themselves
                 result = await fn(args, sample, params, **kwargs)
             else:
