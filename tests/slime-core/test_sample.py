@@ -239,6 +239,32 @@ def test_top_p_sets_cover_every_trainable_token_or_none():
         bad.validate()
 
 
+def test_the_original_append_reads_the_top_p_sets_of_its_meta_info():
+    # A generate function written for the original (its retool, search-r1 and multi_agent examples, its own
+    # generate) passes the reply's meta_info and no sets; the original's append reads them from it. They were left
+    # out here: its samples trained on the full softmax under --rollout-top-p < 1, with a warning blaming the engine.
+    import base64
+
+    import numpy as np
+
+    s = _sample()  # `slime.utils.types.Sample` is this class
+    meta = {"top_p_token_ids": [10, 12, 11], "top_p_token_offsets": [0, 2, 3], "finish_reason": {"type": "length"}}
+    s.append_response_tokens(None, tokens=[10, 11], log_probs=[-0.5, -0.25], trainable=True, meta_info=meta)
+    s.append_response_tokens(None, tokens=[20], trainable=False)  # a tool observation: an empty set
+    as_base64 = {  # SGLang's encoding: base64 of little-endian int32
+        "top_p_token_ids": base64.b64encode(np.array([30, 31], "<i4").tobytes()).decode(),
+        "top_p_token_offsets": base64.b64encode(np.array([0, 2], "<i4").tobytes()).decode(),
+    }
+    s.append_response_tokens(None, tokens=[30], log_probs=[-1.0], meta_info=as_base64, update_terminal_info=False)
+    assert (s.rollout_top_p_token_ids, s.rollout_top_p_token_offsets) == ([10, 12, 11, 30, 31], [0, 2, 3, 3, 5])
+    assert s.status is Status.TRUNCATED
+    with pytest.raises(ValueError, match=r"^sample 4: meta_info: 2 top-p offsets for 2 response tokens"):
+        s.append_response_tokens(None, tokens=[40, 41], log_probs=[-1.0, -1.0], meta_info=as_base64)
+    plain = _sample()  # a reply without sets leaves the sample without them
+    plain.append_response_tokens([10], log_probs=[-0.5], meta_info={"finish_reason": {"type": "stop"}})
+    assert plain.rollout_top_p_token_offsets is None
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [

@@ -302,7 +302,8 @@ class Sample:
             trainable: True for model-generated tokens (loss mask 1), False for tool/observation tokens.
             text: decoded text of the span, appended to `response`.
             meta_info: SGLang's `meta_info` of the generate call for a model span; its `weight_version`
-                is recorded and its `finish_reason` updates `status`.
+                is recorded and its `finish_reason` updates `status`; without `top_p`, a trainable span takes its
+                top-p sets from it (`top_p_token_ids`/`_offsets`, `slime_core.top_p_sets`), as the original's does.
             update_terminal_info: False to leave `status` and `weight_versions` alone (a span that is not
                 the end of a generate call).
             top_p: `(token_ids, offsets)` the engine kept at each of the `n` positions (top-p replay; `offsets`
@@ -312,12 +313,19 @@ class Sample:
         Raises:
             ValueError: on a log-prob count that does not match the tokens, log-probs given for a
                 non-trainable span, a trainable span without log-probs, log-probs for a response whose
-                earlier trainable tokens have none, or any broken length invariant.
+                earlier trainable tokens have none, `meta_info` top-p sets that do not describe the span, or any
+                broken length invariant.
         """
         if tokens is None:
             tokens = tokens_or_args if tokens_or_args is not None else []
         tokens = [int(t) for t in tokens]
         n = len(tokens)
+        if top_p is None and meta_info is not None and trainable and n > 0:
+            # The reply's own sets, as the original's append reads them: a generate function written for it passes
+            # only meta_info, and its samples trained on the full softmax. Imported here: it imports this module.
+            from slime_core.top_p_sets import parse_top_p_sets
+
+            top_p = parse_top_p_sets(meta_info, n, what=f"sample {self.index}: meta_info")
         self._check_span_log_probs(n, log_probs, trainable)
         self._check_span_top_p(n, top_p, trainable)
         if self.loss_mask is None:
