@@ -82,3 +82,40 @@ def test_eval_rewards_that_are_not_numbers_are_one_error_naming_the_function_and
     with pytest.raises(TypeError, match=rf"^--eval-function-path {path} \(eval 3\) returned \[1\.0, None\] as the "
                        r"rewards of eval dataset 'math', not a list of finite numbers$"):  # fmt: skip
         run_rollout(args, 3, None, evaluation=True)
+
+
+def _fan_out_rollout(rollout_ids):
+    """One group whose first entry is a fan-out of two samples carrying `rollout_ids`, its second a plain sample."""
+    samples = _samples()[:3]
+    for s, rollout_id in zip(samples, rollout_ids, strict=False):
+        s.rollout_id = rollout_id
+    return [[samples[:2], samples[2]]]
+
+
+def fan_out_without_rollout_ids(args, rollout_id, data_source, evaluation=False):
+    return _fan_out_rollout([None, None])
+
+
+def fan_out_with_two_rollout_ids(args, rollout_id, data_source, evaluation=False):
+    return _fan_out_rollout([0, 1])
+
+
+def fan_out_sharing_a_rollout_id(args, rollout_id, data_source, evaluation=False):
+    return _fan_out_rollout([0, 0])
+
+
+@pytest.mark.parametrize(("fn", "ids"), [("fan_out_without_rollout_ids", [None, None]),
+                                         ("fan_out_with_two_rollout_ids", [0, 1])])  # fmt: skip
+def test_a_fan_out_whose_samples_do_not_share_a_rollout_id_is_one_error_naming_the_function(fn, ids):
+    # The original refuses it (validate_rollout_id_annotated): each sample counted as a rollout of its own here, so
+    # one execution's samples weighed in the loss as that many rollouts.
+    path = f"{__name__}.{fn}"
+    with pytest.raises(ValueError) as e:
+        run_rollout(_args(rollout_function_path=path), 0, None)
+    assert str(e.value) == (
+        f"--rollout-function-path {path} (rollout 0): samples[0][0] holds 2 samples of one rollout execution (samples "
+        f"[0, 1]) with rollout_id {ids}; set the same Sample.rollout_id on each (e.g. the input sample's index), so "
+        "the loss counts the execution once, as the original requires"
+    )
+    shared = run_rollout(_args(rollout_function_path=f"{__name__}.fan_out_sharing_a_rollout_id"), 0, None)
+    assert [s.rollout_id for s in shared.samples[0][0]] == [0, 0]

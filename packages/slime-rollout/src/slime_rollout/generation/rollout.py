@@ -32,7 +32,12 @@ from typing import TYPE_CHECKING, Any
 from slime_core.error_text import preview
 from slime_core.protocols import DataSource
 from slime_core.sample import Sample, Status
-from slime_rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, wrap_rollout_output
+from slime_rollout.base_types import (
+    RolloutFnEvalOutput,
+    RolloutFnTrainOutput,
+    check_fan_out_rollout_ids,
+    wrap_rollout_output,
+)
 from slime_rollout.generation.eval import dataset_metrics, eval_rollout
 from slime_rollout.generation.filters import call_dynamic_filter, should_drop_dynamic_filter_output
 from slime_rollout.generation.generate import abort_all
@@ -501,6 +506,7 @@ def run_rollout(
         output.metrics = log_hooks.apply_eval_log_function(args, rollout_id, output.data, output.metrics)
     else:
         samples = flatten_groups(output.samples, what, "samples")
+        check_fan_out_rollout_ids(output.samples, what)
         # --opd-type sglang: samples a custom rollout function (or --group-rm) left without teacher log-probs.
         async_utils.run(score_teacher(args, samples))
         if not own:
