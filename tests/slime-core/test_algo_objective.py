@@ -280,6 +280,56 @@ def test_custom_tis_function(tmp_path, monkeypatch):
     assert metrics["ois"].item() == pytest.approx(1.0 + 1.0, abs=ATOL)
 
 
+_BAD_TIS = """
+import torch
+def two_values(args, pg_loss, **kw):
+    return pg_loss, {}
+def one_value_per_sample(args, pg_loss, loss_masks, **kw):
+    return torch.stack([pg_loss[:2].mean(), pg_loss[2:].mean()]), loss_masks, {}
+def first_token_only(args, pg_loss, loss_masks, **kw):
+    return pg_loss[:1] * 3.0, loss_masks, {}
+def masks_as_one_tensor(args, pg_loss, loss_masks, **kw):
+    return pg_loss, torch.cat(loss_masks), {}
+def per_sample_metric(args, pg_loss, loss_masks, **kw):
+    return pg_loss, loss_masks, {"w": torch.ones(2)}
+def float_metric(args, pg_loss, loss_masks, **kw):
+    return pg_loss, loss_masks, {"w": 1.0}
+"""
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (
+            "two_values",
+            r"must return \(pg_loss \[3\], loss_masks 2×\[L_i\], metrics dict of \[3\] tensors\), got tuple",
+        ),
+        # These two were broadcast into the loss without a word: a [2] or [1] pg_loss over 3 tokens.
+        ("one_value_per_sample", r"returned pg_loss \(2,\), expected a \[3\] tensor \(one value per token\)$"),
+        ("first_token_only", r"returned pg_loss \(1,\), expected a \[3\] tensor"),
+        ("masks_as_one_tensor", r"returned loss_masks Tensor, expected a list of 2 tensors$"),
+        ("per_sample_metric", r"returned metric 'w' \(2,\), expected a \[3\] tensor"),
+        ("float_metric", r"returned metric 'w' float, expected a \[3\] tensor"),
+    ],
+)
+def test_a_custom_tis_function_returning_the_wrong_shape_is_one_error_naming_it(tmp_path, monkeypatch, fn, message):
+    # Its return went unchecked: bare unpacking and broadcasting errors naming no plugin, or a silently wrong loss.
+    (tmp_path / "bad_tis.py").write_text(_BAD_TIS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = _args(use_kl_loss=False, entropy_coef=0.0, custom_tis_function_path=f"bad_tis.{fn}")
+    lp = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0])]
+    with pytest.raises(ValueError, match=rf"^--custom-tis-function-path bad_tis\.{fn}: {message}"):
+        compute_actor_loss(
+            args,
+            log_probs=lp,
+            old_log_probs=lp,
+            advantages=[torch.ones(2), torch.ones(1)],
+            loss_masks=[torch.ones(2), torch.ones(1)],
+            loss_denominators=[2.0, 1.0],
+            rollout_log_probs=lp,
+        )
+
+
 def test_builtin_tis_by_path_equals_tis_mode():
     b = _batch(seed=4)
     by_mode = compute_actor_loss(_args(tis_mode="icepop", tis_clip_low=0.8, tis_clip=1.2), **b)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from typing import Any
 
 import torch
 
@@ -26,6 +27,7 @@ from slime_core.algorithms.registry import get_policy_loss
 from slime_core.algorithms.tis import icepop_function, vanilla_tis_function
 from slime_core.config import SlimeArgs, plugin_view
 from slime_core.config.mismatch import uses_mis_helper
+from slime_core.error_text import preview
 from slime_core.estimators import get_estimator
 from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
 from slime_core.plugins import load_function
@@ -129,6 +131,39 @@ def _tis_function(cfg: SlimeArgs):
     return _TIS_FUNCTIONS[mode]
 
 
+def _checked_tis_output(out: Any, what: str, lengths: list[int]) -> tuple[Any, Any, Any]:
+    """A custom TIS function's `(pg_loss [T], loss_masks N×[L_i], {name: [T]})`, checked against the micro-batch.
+
+    A `pg_loss` of another shape was broadcast into the loss without a word (a `[1]` or per-sample `[N]` one trained
+    on wrong values); the other mistakes failed as bare unpacking or broadcasting errors naming no plugin.
+
+    Raises:
+        ValueError: naming `what` and the part that does not fit.
+    """
+    total = sum(lengths)
+    shape = f"(pg_loss [{total}], loss_masks {len(lengths)}×[L_i], metrics dict of [{total}] tensors)"
+    if not (isinstance(out, tuple | list) and len(out) == 3):
+        raise ValueError(f"{what}: must return {shape}, got {type(out).__name__} {preview(out)}")
+    pg_loss, masks, metrics = out
+    if not (isinstance(pg_loss, torch.Tensor) and tuple(pg_loss.shape) == (total,)):
+        got = tuple(pg_loss.shape) if isinstance(pg_loss, torch.Tensor) else type(pg_loss).__name__
+        raise ValueError(f"{what}: returned pg_loss {got}, expected a [{total}] tensor (one value per token)")
+    if not (isinstance(masks, list | tuple) and all(isinstance(m, torch.Tensor) for m in masks)):
+        raise ValueError(
+            f"{what}: returned loss_masks {type(masks).__name__}, expected a list of {len(lengths)} tensors"
+        )
+    concat_per_sample(f"{what}: its loss_masks", masks, lengths)
+    if not isinstance(metrics, dict):
+        raise ValueError(f"{what}: returned metrics {type(metrics).__name__}, expected a dict of [{total}] tensors")
+    for name, value in metrics.items():
+        if not (isinstance(value, torch.Tensor) and tuple(value.shape) == (total,)):
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(
+                f"{what}: returned metric {name!r} {got}, expected a [{total}] tensor (one value per token)"
+            )
+    return pg_loss, masks, metrics
+
+
 def compute_actor_loss(
     cfg: SlimeArgs,
     *,
@@ -223,7 +258,7 @@ def compute_actor_loss(
             trainer = concat_per_sample("train_log_probs", train_log_probs, lengths).detach()
         else:
             trainer = lp.detach() if use_rollout else old  # under --use-rollout-logprobs `old` is the engine's
-        pg_tok, new_masks, tis_metrics = _tis_function(cfg)(
+        out = _tis_function(cfg)(
             args=plugin_view(cfg),
             pg_loss=pg_tok,
             train_log_probs=list(trainer.split(lengths)),
@@ -232,6 +267,9 @@ def compute_actor_loss(
             total_lengths=total_lengths,
             response_lengths=lengths,
         )
+        if cfg.custom_tis_function_path:
+            out = _checked_tis_output(out, f"--custom-tis-function-path {cfg.custom_tis_function_path}", lengths)
+        pg_tok, new_masks, tis_metrics = out
         if new_masks is not loss_masks:
             # Rejected tokens leave the numerators; the denominators stay the rollout's mask sums.
             mask = concat_per_sample("modified loss_masks", new_masks, lengths)
