@@ -330,6 +330,48 @@ def test_a_custom_tis_function_returning_the_wrong_shape_is_one_error_naming_it(
         )
 
 
+_BAD_REDUCERS = """
+import torch
+def no_reducer(total_lengths, response_lengths, loss_masks, per_token):
+    return 3.0
+def per_token_values(total_lengths, response_lengths, loss_masks, per_token):
+    return lambda x: x * torch.cat(loss_masks)
+def per_sample_sums(total_lengths, response_lengths, loss_masks, per_token):
+    return lambda x: torch.stack([s.sum() for s in x.split(response_lengths)])
+def python_float(total_lengths, response_lengths, loss_masks, per_token):
+    return lambda x: float(x.detach().sum())
+"""
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        ("no_reducer", r"returned float 3\.0, not a reducer \(a function of the per-token pg_loss \[T\] to a scalar"),
+        # These made the loss a vector: the backend's backward failed with torch's "grad can be implicitly created
+        # only for scalar outputs", naming no plugin.
+        ("per_token_values", r"its reducer returned shape \(3,\), not a scalar tensor \(0-d, with grad\)$"),
+        ("per_sample_sums", r"its reducer returned shape \(2,\), not a scalar tensor"),
+        ("python_float", r"its reducer returned float, not a scalar tensor"),
+    ],
+)
+def test_a_pg_loss_reducer_that_does_not_reduce_to_a_scalar_is_one_error_naming_it(tmp_path, monkeypatch, fn, message):
+    (tmp_path / "bad_reducers.py").write_text(_BAD_REDUCERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = _args(use_kl_loss=False, use_tis=False, entropy_coef=0.0,
+                 custom_pg_loss_reducer_function_path=f"bad_reducers.{fn}")  # fmt: skip
+    lp = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0])]
+    with pytest.raises(ValueError, match=rf"^--custom-pg-loss-reducer-function-path bad_reducers\.{fn}: {message}"):
+        compute_actor_loss(
+            args,
+            log_probs=lp,
+            old_log_probs=lp,
+            advantages=[torch.ones(2), torch.ones(1)],
+            loss_masks=[torch.ones(2), torch.ones(1)],
+            loss_denominators=[2.0, 1.0],
+            total_lengths=[3, 2],
+        )
+
+
 def test_builtin_tis_by_path_equals_tis_mode():
     b = _batch(seed=4)
     by_mode = compute_actor_loss(_args(tis_mode="icepop", tis_clip_low=0.8, tis_clip=1.2), **b)

@@ -60,7 +60,19 @@ def _pg_reducer(cfg: SlimeArgs, total_lengths, response_lengths, loss_masks, def
     reducer = call_hook_with_deadline(
         factory, total_lengths, response_lengths, loss_masks, per_token, **extra, **bounds
     )
-    return functools.partial(call_hook_with_deadline, reducer, **bounds)  # the reducer it made is its code too
+    if not callable(reducer):
+        raise ValueError(f"{bounds['what']}: returned {type(reducer).__name__} {preview(reducer)}, not a reducer "
+                         "(a function of the per-token pg_loss [T] to a scalar tensor)")  # fmt: skip
+
+    def reduce(values: torch.Tensor) -> torch.Tensor:
+        out = call_hook_with_deadline(reducer, values, **bounds)  # the reducer it made is its code too
+        if not (isinstance(out, torch.Tensor) and out.dim() == 0):
+            # A [T] or per-sample result made the loss a vector: the backward failed far from here, naming nothing.
+            got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"{bounds['what']}: its reducer returned {got}, not a scalar tensor (0-d, with grad)")
+        return out
+
+    return reduce
 
 
 def _check_options(cfg: SlimeArgs, rollout_log_probs, ref_log_probs, entropy) -> None:
