@@ -135,6 +135,23 @@ def test_custom_loss_bad_return_and_bad_path(monkeypatch):
         )
 
 
+@pytest.mark.parametrize(
+    ("metric", "got"), [(torch.ones(6), "a tensor of shape (6,)"), ("fine", "str"), (None, "NoneType")]
+)
+def test_a_custom_loss_metric_that_is_not_a_scalar_is_one_error_naming_it(monkeypatch, metric, got):
+    # A per-token metric passed here and failed after the step's backward as torch's "shape '[]' is invalid for input
+    # of size 6"; a string or None as "new(): invalid data type": neither named the plugin or the metric.
+    def loss(args, batch, logits, sum_of_sample_mean):
+        return -sum_of_sample_mean(torch.cat(logits["log_probs"])), {"kept": metric}
+
+    path = _register(monkeypatch, f"custom_loss_metric_{type(metric).__name__}", loss)  # loaded once per path
+    with pytest.raises(ValueError) as e:
+        compute_train_loss(_args(loss_type="custom_loss", custom_loss_function_path=path), LossInputs(**_inputs()))
+    assert str(e.value) == (
+        f"--custom-loss-function-path {path}: metric 'kept' is {got}, not a scalar (a number or a one-element tensor)"
+    )
+
+
 def test_unknown_loss_type():
     with pytest.raises(ValueError, match="unknown --loss-type 'value_loss'"):
         compute_train_loss(_args(loss_type="value_loss"), LossInputs(**_inputs()))

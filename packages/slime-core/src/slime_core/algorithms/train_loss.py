@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 from typing import Any
 
 import torch
@@ -96,14 +97,18 @@ def _custom_loss(args: SlimeArgs, batch: dict[str, Any], outputs: dict[str, list
     what = f"--custom-loss-function-path {args.custom_loss_function_path}"
     result = call_hook_with_deadline(fn, plugin_view(args), batch, outputs, reduce, what=what, **hook_bounds(args))
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
-        raise ValueError(
-            f"--custom-loss-function-path {args.custom_loss_function_path}: must return (loss, metrics dict), "
-            f"got {type(result).__name__}"
-        )
+        raise ValueError(f"{what}: must return (loss, metrics dict), got {type(result).__name__}")
     loss, metrics = result
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        raise ValueError(f"--custom-loss-function-path {args.custom_loss_function_path}: loss must be a scalar tensor")
-    out = {k: torch.as_tensor(v, dtype=torch.float32, device=loss.device).detach() for k, v in metrics.items()}
+        raise ValueError(f"{what}: loss must be a scalar tensor")
+    out = {}
+    for name, value in metrics.items():
+        # The original packs them into one tensor of scalars: a per-token metric or a string failed here as a bare
+        # torch error, or (a [T] tensor) was summed over micro-batches of other sizes far from here.
+        if not (isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.numel() == 1)):
+            got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"{what}: metric {name!r} is {got}, not a scalar (a number or a one-element tensor)")
+        out[name] = torch.as_tensor(value, dtype=torch.float32, device=loss.device).detach().reshape(())
     out.setdefault("loss", loss.detach())
     return loss, out
 
