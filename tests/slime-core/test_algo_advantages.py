@@ -305,10 +305,38 @@ def test_custom_advantage_function(tmp_path, monkeypatch):
     torch.testing.assert_close(adv[0], torch.full((3,), 3.0))
     torch.testing.assert_close(adv[1], torch.tensor([-2.0]))
     assert torch.equal(ret[1], torch.zeros(1))
-    with pytest.raises(ValueError, match="custom advantages has 0"):
+    with pytest.raises(ValueError, match=r"must be a list of 1 tensors shaped like .*, got list \[\]$"):
         compute_advantages_and_returns(
             _args(custom_advantage_function_path="my_adv.broken"), rewards=[1.0], loss_masks=[torch.ones(1)]
         )
+
+
+@pytest.mark.parametrize(
+    ("body", "got"),
+    [
+        # Was "'float' object has no attribute 'shape'": the common slip of one advantage per sample.
+        ("list(rollout_data['rewards'])", "float at sample 0, where its loss mask has (3,)"),
+        ("torch.tensor(rollout_data['rewards'])", "Tensor tensor([ 1.5000, -1.0000])"),
+        ("[torch.ones(1), torch.ones(1)]", "(1,) at sample 0, where its loss mask has (3,)"),
+    ],
+)
+def test_custom_advantages_of_the_wrong_form_are_one_error_naming_the_plugin(tmp_path, monkeypatch, body, got):
+    module = f"form_adv_{abs(hash(body))}"  # one module per case: plugins are loaded once per path
+    (tmp_path / f"{module}.py").write_text(
+        f"import torch\ndef adv(args, rollout_data):\n    rollout_data['advantages'] = {body}\n"
+        "    rollout_data['returns'] = [torch.zeros(n) for n in rollout_data['response_lengths']]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError) as e:
+        compute_advantages_and_returns(
+            _args(custom_advantage_function_path=f"{module}.adv"),
+            rewards=[1.5, -1.0],
+            loss_masks=[torch.ones(3), torch.ones(1)],
+        )
+    assert str(e.value) == (
+        f"--custom-advantage-function-path {module}.adv: rollout_data['advantages'] must be a list of 2 tensors shaped "
+        f"like rollout_data['loss_masks'] (one value per response token), got {got}"
+    )
 
 
 def test_custom_advantage_function_gets_the_reward_kl_as_in_the_original(tmp_path, monkeypatch):

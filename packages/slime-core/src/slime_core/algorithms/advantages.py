@@ -22,6 +22,7 @@ import torch
 
 from slime_core.algorithms.kl import compute_approx_kl
 from slime_core.config import SlimeArgs, plugin_view
+from slime_core.error_text import preview
 from slime_core.estimators import get_estimator
 from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
 from slime_core.plugins import load_function
@@ -268,7 +269,23 @@ def _custom_advantages(args: SlimeArgs, path, rewards, loss_masks, inputs):
     for key in ("advantages", "returns"):
         if key not in rollout_data:
             raise ValueError(f"--custom-advantage-function-path {path!r} did not set rollout_data[{key!r}]")
-        _check_list(f"custom {key}", rollout_data[key], loss_masks)
+        values = rollout_data[key]
+        # One [L_i] tensor per sample, as the original's loss reads them: a list of floats (one per sample) failed as
+        # "'float' object has no attribute 'shape'", a tensor of N as a shape error; neither named the plugin.
+        wrong = None
+        if not isinstance(values, list | tuple) or len(values) != len(loss_masks):
+            wrong = f"{type(values).__name__} {preview(values)}"
+        else:
+            for i, (t, m) in enumerate(zip(values, loss_masks, strict=True)):
+                if not isinstance(t, torch.Tensor) or t.shape != m.shape:
+                    shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                    wrong = f"{shape} at sample {i}, where its loss mask has {tuple(m.shape)}"
+                    break
+        if wrong is not None:
+            raise ValueError(
+                f"--custom-advantage-function-path {path}: rollout_data[{key!r}] must be a list of {len(loss_masks)} "
+                f"tensors shaped like rollout_data['loss_masks'] (one value per response token), got {wrong}"
+            )
     return [a.float() for a in rollout_data["advantages"]], [r.float() for r in rollout_data["returns"]]
 
 
