@@ -391,3 +391,40 @@ async def test_a_generate_function_gets_evaluation_only_where_it_names_the_param
     out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
     assert [s.response for group in out.samples for s in group] == ["A"] * 4
     assert GENERATE_KWARGS == [kwargs] * 4
+
+
+def generate_with_a_long_mask(args, sample, sampling_params):
+    sample = _generate_without_evaluation(args, sample, sampling_params)
+    sample.loss_mask = [1, 1, 1]  # the response has one token
+    return sample
+
+
+def generate_past_its_tokens(args, sample, sampling_params):
+    sample.response, sample.response_length, sample.status = "AB", 2, Status.COMPLETED  # tokens not extended
+    return sample
+
+
+def hook_with_short_log_probs(args, sample):
+    sample.rollout_log_probs = []  # in place, returning None
+
+
+@pytest.mark.parametrize(
+    ("fields", "who", "why"),
+    [
+        ({"custom_generate_function_path": f"{__name__}.generate_with_a_long_mask"},
+         rf"generate function {__name__}\.generate_with_a_long_mask", r"len\(loss_mask\)=3 != response_length=1"),
+        ({"custom_generate_function_path": f"{__name__}.generate_past_its_tokens"},
+         rf"generate function {__name__}\.generate_past_its_tokens", r"response_length 2 outside \[0, 1\]"),
+        ({"custom_generate_function_path": f"{__name__}.evaluation_generate",
+          "rollout_sample_hook_path": [f"{__name__}.hook_with_short_log_probs"]},
+         rf"--rollout-sample-hook-path {__name__}\.hook_with_short_log_probs",
+         r"len\(rollout_log_probs\)=0 != response_length=1"),
+    ],
+)  # fmt: skip
+async def test_a_plugin_s_sample_with_lengths_out_of_step_is_one_error_naming_it(use_client, fields, who, why):
+    # These failed later, in the rollout's metrics or the trainer's batches ("sample 0: len(loss_mask)=3 != ..."),
+    # naming the sample but not the plugin that built it; a response_length past the tokens got that far unchecked.
+    use_client(FakeClient({0: [A], 1: [A]}))
+    with pytest.raises(ValueError, match=rf"^{who} on sample (\d) returned a sample whose lengths disagree: sample \1: "
+                                         rf"{why}$"):  # fmt: skip
+        await generate_rollout_async(_args(**fields), 0, ListDataSource(n=2))

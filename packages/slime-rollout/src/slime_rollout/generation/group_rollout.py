@@ -110,12 +110,13 @@ def _checked_output(out: Any, what: str, *, fan_out: bool) -> Any:
             raise ValueError(f"{what} returned the same Sample object more than once in its list (copy it per entry)")
         for s in out:
             s.status = as_status(s.status, f"{what}: sample {s.index}")
+            _validated(s, what)
         return out
     if isinstance(out, Sample):
         # `sample.status = "aborted"` (a string, as the original's tau-bench example writes) compared unequal to
         # every Status: the loop took an aborted sample for a finished one.
         out.status = as_status(out.status, f"{what}: sample {out.index}")
-        return out
+        return _validated(out, what)
     if fan_out and out == []:
         # The rollout sorted groups by their first sample: an empty fan-out failed as a bare IndexError.
         raise ValueError(
@@ -124,6 +125,19 @@ def _checked_output(out: Any, what: str, *, fan_out: bool) -> Any:
         )
     wanted = "a Sample or a list of Samples" if fan_out else "a Sample or None"
     raise TypeError(f"{what} returned {type(out).__name__} {preview(out)}, not {wanted}")
+
+
+def _validated(sample: Sample, what: str) -> Sample:
+    """`sample` if its lengths agree (`Sample.validate`), else one error naming the plugin `what` and the sample.
+
+    A plugin that set `loss_mask`, `rollout_log_probs` or `response_length` itself out of step with the rest failed
+    later, in the rollout's metrics or the trainer's batches, naming the sample but not the plugin that built it.
+    """
+    try:
+        sample.validate()
+    except ValueError as e:
+        raise ValueError(f"{what} returned a sample whose lengths disagree: {e}") from None
+    return sample
 
 
 def checked_groups(groups: Any, what: str, group_size: int) -> list[list[Sample]]:
@@ -159,8 +173,8 @@ async def _run_hooks(args: SlimeArgs, sample: Sample, state: RolloutState) -> Sa
         # it failed here with "got an unexpected keyword argument 'evaluation'").
         kwargs = {name: value for name, value in offered.items() if accepts_kwarg(hook, name)}
         out = await call_plugin_with_deadline(hook, args, sample, what=what, **plugin_bounds(args), **kwargs)
-        if out is not None:
-            sample = _checked_output(out, what, fan_out=False)
+        # A hook may change the sample in place and return None: its lengths are checked either way.
+        sample = _checked_output(sample if out is None else out, what, fan_out=False)
     return sample
 
 
