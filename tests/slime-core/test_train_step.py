@@ -516,3 +516,30 @@ def test_a_train_step_reports_the_original_length_means_and_tflops(tmp_path):
     assert metrics["perf/actor_train_tok_per_s"] == pytest.approx(16 / seconds)
     # One step: the old log-probs come from the training forward, so no separate forward is timed.
     assert "perf/log_probs_tflops" not in metrics and "perf/ref_log_probs_tflops" not in metrics
+
+
+SEEN_BATCHES = []
+
+
+def batch_reading_loss(args, batch, logits, sum_of_sample_mean):
+    """A custom loss written for the original: it reads the batch keys the original's loss batch has."""
+    SEEN_BATCHES.append(batch)
+    lp = torch.cat(logits["log_probs"])
+    returns = torch.cat(batch["returns"])
+    return -sum_of_sample_mean(lp * returns), {}
+
+
+def test_a_custom_loss_gets_the_originals_returns_and_rollout_mask_sums():
+    # The original's loss batch holds returns, values, teacher_log_probs, rollout_mask_sums and unconcat_tokens; they
+    # were missing here, so a custom loss reading batch["returns"] failed with KeyError: 'returns'.
+    SEEN_BATCHES.clear()
+    batch = _batch(1)
+    cfg = _cfg(loss_type="custom_loss", custom_loss_function_path=f"{__name__}.batch_reading_loss")
+    metrics, _ = train_on_rollout(cfg, FakeBackend(batch), 0, batch)
+    seen = SEEN_BATCHES[0]  # micro-batch [0]: sample 0, reward +1 → GRPO returns = advantages = 1 on each token
+    torch.testing.assert_close(seen["returns"][0], torch.ones(2))
+    torch.testing.assert_close(seen["returns"][0], seen["advantages"][0])
+    assert seen["rollout_mask_sums"] == [2.0] and seen["unconcat_tokens"] is seen["tokens"]
+    assert seen["values"] is None and seen["teacher_log_probs"] is None
+    # The loss: -Σ_i Σ_t m·r·lp / D over both micro-batches (lp = -1) = (1·2/2) + (-0.5·2/2) = 0.5, over 2 samples.
+    assert metrics["train/loss"] == pytest.approx(0.25, abs=ATOL)

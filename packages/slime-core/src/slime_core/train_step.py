@@ -289,8 +289,12 @@ def _micro_batch_loss(
     teacher,
     trainer=None,
     seen_old: dict[int, torch.Tensor] | None = None,
+    returns=None,
 ) -> MicroBatchLoss:
     entropy_grad = entropy_has_grad(cfg)  # the entropy keeps its graph only when a loss term can use it
+    # A custom loss gets the original's other batch keys too (its plugin may read them); the others never do.
+    custom = cfg.loss_type == "custom_loss"
+    values = list(batch.values) if custom and batch.values is not None else None
 
     def loss_fn(ids, log_probs, entropy):
         device = log_probs[0].device
@@ -321,6 +325,9 @@ def _micro_batch_loss(
             total_lengths=[int(batch.tokens[i].numel()) for i in ids],
             tokens=[batch.tokens[i] for i in ids],
             train_log_probs=pick(trainer),
+            returns=pick(returns) if custom else None,
+            values=pick(values),
+            teacher_log_probs=pick(teacher) if custom else None,
         )
         loss, metrics = compute_train_loss(cfg, inputs)
         if teacher is not None:
@@ -422,7 +429,7 @@ def train_on_rollout(
     else:
         record = old is None
     seen_old: dict[int, torch.Tensor] | None = {} if record else None
-    loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer, seen_old)
+    loss_fn = _micro_batch_loss(cfg, batch, old, ref, adv, teacher, trainer, seen_old, returns)
     t3 = time.perf_counter()
     steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
     step_totals, owns = read_steps(steps)  # one read of every step's metric sums and grad norm

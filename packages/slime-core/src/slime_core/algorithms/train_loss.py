@@ -62,6 +62,9 @@ class LossInputs:
         tokens: N `[T_i]` int64 prompt+response ids (only given to a custom loss), or None.
         train_log_probs: N `[L_i]` trainer log-probs of the sampling policy where `old_log_probs` are the
             engine's (`--use-rollout-logprobs` with `--get-mismatch-metrics`), or None.
+        returns: N `[L_i]` returns of the advantage estimator (only given to a custom loss), or None.
+        values: N `[L_i]` critic values (PPO; only given to a custom loss), or None.
+        teacher_log_probs: N `[L_i]` OPD teacher log-probs (only given to a custom loss), or None.
     """
 
     log_probs: list[torch.Tensor]
@@ -75,6 +78,9 @@ class LossInputs:
     total_lengths: list[int] | None = None
     tokens: list[torch.Tensor] | None = None
     train_log_probs: list[torch.Tensor] | None = None
+    returns: list[torch.Tensor] | None = None
+    values: list[torch.Tensor] | None = None
+    teacher_log_probs: list[torch.Tensor] | None = None
 
     @property
     def response_lengths(self) -> list[int]:
@@ -118,10 +124,12 @@ def compute_train_loss(cfg: SlimeArgs, inputs: LossInputs) -> tuple[torch.Tensor
 
     For `custom_loss` the plugin is called as `fn(args, batch, logits, sum_of_sample_mean)`:
 
-    * `batch`: dict of per-sample lists (the original rollout-data keys): `tokens` N×`[T_i]` int64,
-      `total_lengths`, `response_lengths`, `loss_masks` N×`[L_i]`, `loss_denominators`, `advantages`
-      N×`[L_i]` (None with `--disable-compute-advantages-and-returns`), `log_probs` (OLD policy, N×`[L_i]`,
-      may be None), `ref_log_probs`, `rollout_log_probs` (None when absent).
+    * `batch`: dict of per-sample lists (the original rollout-data keys): `tokens` (and, as the original names
+      them, `unconcat_tokens`) N×`[T_i]` int64, `total_lengths`, `response_lengths`, `loss_masks` N×`[L_i]`,
+      `loss_denominators` (also as `rollout_mask_sums`: each sample's rollout's trainable tokens, at least 1),
+      `advantages` and `returns` N×`[L_i]` (None with `--disable-compute-advantages-and-returns`), `log_probs`
+      (OLD policy, N×`[L_i]`, may be None), `ref_log_probs`, `rollout_log_probs`, `values` (PPO's critic),
+      `teacher_log_probs` (OPD) (None when absent).
     * `logits`: neither backend materializes the full `[T, V]` logits (FSDP computes the `lm_head` chunk
       by chunk, Megatron shards the vocabulary over TP), so this argument is the current policy's outputs
       at the response tokens: `{"log_probs": N×[L_i] (with grad), "entropy": N×[L_i] (with grad)}` at
@@ -174,14 +182,19 @@ def compute_train_loss(cfg: SlimeArgs, inputs: LossInputs) -> tuple[torch.Tensor
         reduce = default_reducer(cfg.calculate_per_token_loss, lengths, inputs.loss_masks, inputs.loss_denominators)
         batch = {
             "tokens": inputs.tokens,
+            "unconcat_tokens": inputs.tokens,  # the original's name for the per-sample ids
             "total_lengths": inputs.total_lengths,
             "response_lengths": lengths,
             "loss_masks": inputs.loss_masks,
             "loss_denominators": inputs.loss_denominators,
+            "rollout_mask_sums": inputs.loss_denominators,  # what the original's get_sum_of_sample_mean takes
             "advantages": inputs.advantages,
+            "returns": inputs.returns,
             "log_probs": inputs.old_log_probs,
             "ref_log_probs": inputs.ref_log_probs,
             "rollout_log_probs": inputs.rollout_log_probs,
+            "values": inputs.values,
+            "teacher_log_probs": inputs.teacher_log_probs,
         }
         return _custom_loss(cfg, batch, {"log_probs": inputs.log_probs, "entropy": inputs.entropy}, reduce)
     raise ValueError(f"unknown --loss-type {loss_type!r}; known: {', '.join(LOSS_TYPES)}")
