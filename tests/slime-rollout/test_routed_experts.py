@@ -147,6 +147,27 @@ async def test_generate_asks_for_routes_and_keeps_them_aligned_with_the_tokens(m
         await generate_mod.generate(args, Sample(tokens=[1, 2], index=1), {"max_new_tokens": 4})
 
 
+def test_the_original_append_keeps_a_replys_routes(moe_dir):
+    # A generate function written for the original (its own generate with return_routed_experts) passes the reply's
+    # meta_info to `append_response_tokens(args, ...)`, whose original decodes the routes; they were dropped here,
+    # and training refused every sample as carrying none.
+    args = _args(moe_dir)
+    sample = Sample(tokens=[1, 2, 3], index=0)  # `slime.utils.types.Sample` is this class
+    routes = torch.arange(4, dtype=torch.int32)[:, None, None].expand(4, NUM_LAYERS, TOPK)
+    meta = {"routed_experts": encode_routed_experts(routes), "finish_reason": {"type": "stop"}}
+    sample.append_response_tokens(args, tokens=[7, 8], log_probs=[-0.5, -0.25], trainable=True, meta_info=meta)
+    assert torch.equal(sample.rollout_routed_experts, routes)
+    # Without the flag they are not kept (as attach_routed_experts), and the ids-first form is ours: no args.
+    plain = Sample(tokens=[1, 2, 3], index=1)
+    flag_off = PluginArgs.from_config(SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1}))
+    plain.append_response_tokens(flag_off, tokens=[7, 8], log_probs=[-0.5, -0.25], meta_info=meta)
+    plain.append_response_tokens([9], log_probs=[-0.1], meta_info=meta)
+    assert plain.rollout_routed_experts is None
+    with pytest.raises(ValueError, match="sample 2: rollout_routed_experts has 4 rows, its 6 tokens need 5"):
+        Sample(tokens=[1, 2, 3, 4], index=2).append_response_tokens(args, tokens=[7, 8], log_probs=[-0.5, -0.25],
+                                                                     meta_info=meta)  # fmt: skip
+
+
 def test_attach_checks_the_row_count(moe_dir):
     sample = Sample(tokens=[1, 2, 3, 4], index=5)
     wrong = encode_routed_experts(torch.zeros(2, NUM_LAYERS, TOPK))  # 3 rows needed for 4 tokens

@@ -292,7 +292,8 @@ class Sample:
 
         Two call forms: `append_response_tokens(ids, log_probs=...)`, and the original slime's
         `append_response_tokens(args, tokens=ids, log_probs=...)` (there the first argument is the run's
-        `args`, which this implementation does not need).
+        `args`: a `meta_info` holding `routed_experts` then also sets `rollout_routed_experts` under
+        `--use-rollout-routing-replay`, `slime_core.reply_routes`, as the original's append does).
 
         Args:
             tokens_or_args: `[n]` token ids to append; or, when `tokens` is given, the original's `args`.
@@ -306,6 +307,7 @@ class Sample:
                 top-p sets from it (`top_p_token_ids`/`_offsets`, `slime_core.top_p_sets`), as the original's does.
             update_terminal_info: False to leave `status` and `weight_versions` alone (a span that is not
                 the end of a generate call).
+
             top_p: `(token_ids, offsets)` the engine kept at each of the `n` positions (top-p replay; `offsets`
                 has `n + 1` entries from 0), for a trainable span. Like log-probs, they cover every trainable
                 token of a sample or none; non-trainable spans get empty sets.
@@ -316,6 +318,7 @@ class Sample:
                 earlier trainable tokens have none, `meta_info` top-p sets that do not describe the span, or any
                 broken length invariant.
         """
+        args = tokens_or_args if tokens is not None else None  # the original's call form passes the run's args
         if tokens is None:
             tokens = tokens_or_args if tokens_or_args is not None else []
         tokens = [int(t) for t in tokens]
@@ -359,6 +362,11 @@ class Sample:
             status = status_from_finish_reason(meta_info.get("finish_reason"))
             if status is not None:
                 self.status = status
+        if args is not None and meta_info is not None and meta_info.get("routed_experts") is not None:
+            # The reply's MoE routes, as the original's append decodes them (`--use-rollout-routing-replay`).
+            from slime_core.reply_routes import attach_routed_experts  # imported here: it imports this module
+
+            attach_routed_experts(args, self, meta_info)
         self.validate()
 
     def _check_span_log_probs(self, n: int, log_probs: Sequence[float] | None, trainable: bool) -> None:

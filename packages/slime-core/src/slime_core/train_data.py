@@ -302,7 +302,7 @@ def _routed_experts(cfg: SlimeArgs, samples: Sequence[Sample]) -> list[torch.Ten
             f"--use-rollout-routing-replay: samples {missing[:5]} carry no rollout_routed_experts ({sum(have)} of "
             f"{len(samples)} do); the engine must run with --enable-return-routed-experts and a custom generate "
             "function must send return_routed_experts and keep meta_info.routed_experts "
-            "(slime_rollout.generation.routed_experts.attach_routed_experts)"
+            "(slime_core.reply_routes.attach_routed_experts)"
         )
     return [validate_routes(s.rollout_routed_experts, len(s.tokens), f"sample {s.index}") for s in samples]
 
