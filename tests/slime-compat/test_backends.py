@@ -145,3 +145,49 @@ def test_cp_utils_whole_responses_and_reducer():
     assert given(values).item() == pytest.approx(4.0 / 2 + 6.0 / 4, abs=ATOL)
     per_token = cp_utils.get_sum_of_sample_mean([4, 5], [2, 3], masks, calculate_per_token_loss=True)
     assert per_token(values).item() == pytest.approx(10.0, abs=ATOL)
+
+
+def policy_plus_length_bonus(args, batch, logits, sum_of_sample_mean):
+    """A custom loss written for the original: its policy loss plus a term (the usual reason to write one)."""
+    from slime.backends.megatron_utils.loss import policy_loss_function
+
+    loss, metrics = policy_loss_function(args, batch, logits, sum_of_sample_mean)
+    bonus = sum_of_sample_mean(torch.cat(logits["log_probs"]))
+    return loss - 0.5 * bonus, {**metrics, "bonus": bonus.detach()}
+
+
+def sft_through_the_original(args, batch, logits, sum_of_sample_mean):
+    from slime.backends.megatron_utils.loss import sft_loss_function
+
+    return sft_loss_function(args, batch, logits, sum_of_sample_mean)
+
+
+def test_a_custom_loss_wrapping_the_originals_policy_and_sft_losses():
+    # The original's custom losses import policy_loss_function / sft_loss_function to add a term; the module had
+    # neither, so such a plugin stopped at its import.
+    from slime_core.algorithms import LossInputs, compute_train_loss
+
+    g = torch.Generator().manual_seed(1)
+    old = [-torch.rand(n, generator=g) for n in (2, 3)]
+    masks = [torch.ones(2), torch.tensor([1.0, 0.0, 1.0])]
+
+    def inputs():
+        lp = [(x + 0.1).requires_grad_() for x in old]
+        return LossInputs(log_probs=lp, old_log_probs=old, advantages=[torch.ones(2), -torch.ones(3)],
+                          loss_masks=masks, loss_denominators=[2.0, 2.0],
+                          entropy=[torch.zeros(2), torch.zeros(3)], total_lengths=[4, 5])  # fmt: skip
+
+    fields = dict(use_tis=False, use_kl_loss=False, entropy_coef=0.0, eps_clip=0.2, eps_clip_high=0.28)
+    builtin, builtin_metrics = compute_train_loss(_CONFIG.model_copy(update=fields), inputs())
+    custom = dict(loss_type="custom_loss", custom_loss_function_path=f"{__name__}.policy_plus_length_bonus")
+    custom_cfg = _CONFIG.model_copy(update=dict(fields, **custom))
+    loss, metrics = compute_train_loss(custom_cfg, inputs())
+    # bonus = Σ_i Σ_t m·lp / D_i over the shifted log-probs.
+    bonus = sum(float(((x + 0.1) * m).sum()) / 2.0 for x, m in zip(old, masks, strict=True))
+    assert metrics["bonus"].item() == pytest.approx(bonus, abs=ATOL)
+    assert loss.item() == pytest.approx(builtin.item() - 0.5 * bonus, abs=ATOL)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(builtin_metrics["pg_clipfrac"].item(), abs=ATOL)
+    sft = dict(loss_type="custom_loss", custom_loss_function_path=f"{__name__}.sft_through_the_original")
+    sft_cfg = _CONFIG.model_copy(update=sft)
+    sft_loss, _ = compute_train_loss(sft_cfg, inputs())
+    assert sft_loss.item() == pytest.approx(-bonus, abs=ATOL)
