@@ -428,3 +428,28 @@ async def test_a_plugin_s_sample_with_lengths_out_of_step_is_one_error_naming_it
     with pytest.raises(ValueError, match=rf"^{who} on sample (\d) returned a sample whose lengths disagree: sample \1: "
                                          rf"{why}$"):  # fmt: skip
         await generate_rollout_async(_args(**fields), 0, ListDataSource(n=2))
+
+
+BUDGETS = []
+
+
+def budget_spending_generate(args, sample, sampling_params):
+    # The original's generate does this to its params: each sample's must be its own copy.
+    sampling_params["max_new_tokens"] -= 3
+    BUDGETS.append(sampling_params["max_new_tokens"])
+    return _generate_without_evaluation(args, sample, sampling_params)
+
+
+async def test_each_sample_of_a_group_gets_its_own_sampling_params_even_with_a_seed_set():
+    # With a sampling_seed already in the params (an eval dataset's, a custom rollout's), the group handed every
+    # sample the same dict: a generate function changing it in place changed its siblings' (budgets 5, 2, -1).
+    from slime_core.sample import Sample
+    from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm_group
+
+    BUDGETS.clear()
+    args = _args(custom_generate_function_path=f"{__name__}.budget_spending_generate", n_samples_per_prompt=3)
+    state = RolloutState.create(args, rollout_id=0)
+    params = {"max_new_tokens": 8, "sampling_seed": 11}
+    group = [Sample(prompt="p", tokens=[0], group_index=0, index=j) for j in range(3)]
+    await generate_and_rm_group(args, group, state, params)
+    assert BUDGETS == [5, 5, 5] and params == {"max_new_tokens": 8, "sampling_seed": 11}

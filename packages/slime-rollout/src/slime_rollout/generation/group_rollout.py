@@ -244,7 +244,7 @@ async def generate_and_rm(
 def seeded_params(
     args: SlimeArgs, state: RolloutState, sample: Sample, params: dict[str, Any], *, prompt_position: int, position: int
 ) -> dict[str, Any]:
-    """`params` with the sample's own `sampling_seed` (`slime_rollout.generation.seeds.sample_seed`), unless one is set.
+    """A copy of `params` with the sample's own `sampling_seed` (`generation.seeds.sample_seed`) unless one is set.
 
     Args:
         args: the plugin view; reads `rollout_seed`.
@@ -255,7 +255,9 @@ def seeded_params(
         position: the sample's position in its group (used when `index` is None).
     """
     if params.get("sampling_seed") is not None:
-        return params
+        # A copy all the same, as the original's group copies them per sample: a generate function written for it
+        # changes its params in place (`sampling_params["max_new_tokens"] -= sample.response_length`).
+        return dict(params)
     prompt = sample.group_index if sample.group_index is not None else prompt_position
     index = sample.index if sample.index is not None else position
     seed = sample_seed(args.rollout_seed, state.rollout_id, prompt, index, evaluation=state.evaluation)
