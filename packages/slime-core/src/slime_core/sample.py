@@ -307,7 +307,6 @@ class Sample:
                 top-p sets from it (`top_p_token_ids`/`_offsets`, `slime_core.top_p_sets`), as the original's does.
             update_terminal_info: False to leave `status` and `weight_versions` alone (a span that is not
                 the end of a generate call).
-
             top_p: `(token_ids, offsets)` the engine kept at each of the `n` positions (top-p replay; `offsets`
                 has `n + 1` entries from 0), for a trainable span. Like log-probs, they cover every trainable
                 token of a sample or none; non-trainable spans get empty sets.
