@@ -11,7 +11,7 @@ from slime_rollout_fakes import FakeClient, ListDataSource
 from slime_rollout_fakes import rollout_args as _args
 
 from slime_core.protocols import DynamicFilterOutput
-from slime_core.sample import Status
+from slime_core.sample import Sample, Status
 from slime_rollout.generation.rollout import generate_rollout_async
 from slime_rollout.runtime.deadlines import DeadlineExceeded
 
@@ -453,3 +453,32 @@ async def test_each_sample_of_a_group_gets_its_own_sampling_params_even_with_a_s
     group = [Sample(prompt="p", tokens=[0], group_index=0, index=j) for j in range(3)]
     await generate_and_rm_group(args, group, state, params)
     assert BUDGETS == [5, 5, 5] and params == {"max_new_tokens": 8, "sampling_seed": 11}
+
+
+SCORED = []
+
+
+def fan_out_with_an_aborted_sibling(args, sample, sampling_params):
+    done = _generate_without_evaluation(args, sample, sampling_params)
+    aborted = Sample(prompt=sample.prompt, tokens=[*sample.tokens], index=sample.index, rollout_id=sample.index,
+                     status=Status.ABORTED)  # fmt: skip
+    done.rollout_id = sample.index
+    return [done, aborted]
+
+
+def recording_batch_reward(args, samples):
+    SCORED.append([s.status.value for s in samples])
+    return [1.0] * len(samples)
+
+
+async def test_a_fan_out_holding_an_aborted_sample_is_not_scored_as_in_the_original():
+    # The original's generate_and_rm returns such a list unscored (its group is not kept); a batch-mode reward got the
+    # completed part of it here, a partial fan-out it was not written for.
+    from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm
+
+    SCORED.clear()
+    args = _args(custom_generate_function_path=f"{__name__}.fan_out_with_an_aborted_sibling",
+                 custom_rm_path=f"{__name__}.recording_batch_reward")  # fmt: skip
+    state = RolloutState.create(args, rollout_id=0)
+    out = await generate_and_rm(args, Sample(prompt="p", tokens=[0], group_index=0, index=0), state)
+    assert SCORED == [] and [s.reward for s in out] == [None, None]

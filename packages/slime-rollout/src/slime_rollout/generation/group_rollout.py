@@ -228,8 +228,12 @@ async def generate_and_rm(
             s.reward = await checked_preset_reward(s.reward, source=source, sample=s, **_reward_bounds(args))
     if args.group_rm and not state.evaluation:
         return result
-    todo = [s for s in (result if isinstance(result, list) else [result]) if s.status is not Status.ABORTED]
-    todo = [s for s in todo if s.reward is None]
+    produced = result if isinstance(result, list) else [result]
+    if not state.evaluation and any(s.status is Status.ABORTED for s in produced):
+        # As the original: an aborted fan-out is not scored at all (its group is not kept); a batch-mode reward got
+        # the rest of it, a partial list it was not written for. An eval scores the rest (it reports them).
+        return result
+    todo = [s for s in produced if s.status is not Status.ABORTED and s.reward is None]
     if todo:
         t0 = time.perf_counter()
         rewards = await batched_async_rm(args, todo) if isinstance(result, list) else [await async_rm(args, todo[0])]
