@@ -482,3 +482,25 @@ async def test_a_fan_out_holding_an_aborted_sample_is_not_scored_as_in_the_origi
     state = RolloutState.create(args, rollout_id=0)
     out = await generate_and_rm(args, Sample(prompt="p", tokens=[0], group_index=0, index=0), state)
     assert SCORED == [] and [s.reward for s in out] == [None, None]
+
+
+class RepeatedSampleSource(ListDataSource):
+    """A data source written with `[sample] * n`: one Sample object for the whole group."""
+
+    def get_samples(self, num_groups):
+        groups = super().get_samples(num_groups)
+        return [[group[0]] * len(group) for group in groups]
+
+
+async def test_a_data_source_handing_out_one_sample_object_twice_is_named_before_generating(use_client):
+    # Its n generations wrote into one object at once (tokens, response and mask appended n times over), and the
+    # group trained as n copies of that mix.
+    client = use_client(FakeClient({0: [A]}))
+    with pytest.raises(ValueError) as e:
+        await generate_rollout_async(_args(rollout_batch_size=1), 0, RepeatedSampleSource(n=2))
+    assert str(e.value) == (
+        "RepeatedSampleSource.get_samples(1) (rollout 0): group 0 holds sample 0, the same Sample object as in group "
+        "0: each sample must be its own object (copy.deepcopy the prompt's sample, as the original's data source "
+        "does, not [sample] * n)"
+    )
+    assert client.payloads == []

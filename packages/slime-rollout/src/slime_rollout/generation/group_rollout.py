@@ -151,16 +151,26 @@ def checked_groups(groups: Any, what: str, group_size: int) -> list[list[Sample]
     Raises:
         TypeError: not a list of lists of Samples (a flat list of Samples failed as "'Sample' object is not
             iterable" inside a generate task, naming no data source).
-        ValueError: a group of another size (it was generated first and refused after).
+        ValueError: a group of another size (it was generated first and refused after), or one Sample object in two
+            places (`[sample] * n` instead of copies: its generations would write into one object at once).
     """
     if not isinstance(groups, list | tuple):
         raise TypeError(f"{what} returned {type(groups).__name__}, not a list of groups (lists of Samples)")
+    seen: dict[int, int] = {}
     for i, group in enumerate(groups):
         if not isinstance(group, list) or not all(isinstance(s, Sample) for s in group):
             raise TypeError(f"{what}: group {i} is {type(group).__name__} {preview(group)}, not a list of Samples")
         if len(group) != group_size:
             size = len(group)
             raise ValueError(f"{what}: group {i} has {size} samples, expected {group_size} (--n-samples-per-prompt)")
+        for s in group:
+            if id(s) in seen:
+                raise ValueError(
+                    f"{what}: group {i} holds sample {s.index}, the same Sample object as in group {seen[id(s)]}: each "
+                    "sample must be its own object (copy.deepcopy the prompt's sample, as the original's data source "
+                    "does, not [sample] * n)"
+                )
+            seen[id(s)] = i
     return list(groups)
 
 
