@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from slime_rollout.rewards import rule_based_reward
 from slime_rollout.rewards.answers import final_boxed_answers, find_boxes, strip_reasoning
 from slime_rollout.rewards.deadline import REFIRE_S, GradingTimeout, run_with_deadline
 from slime_rollout.rewards.math import math_reward
@@ -195,13 +196,26 @@ def test_cleaning_keeps_what_matters():
 
 
 @pytest.mark.parametrize(
-    "text", [r"9^{9^{9^9}}", "2^{100000}", "10^{10^{10}}", "9^9^9", "1000!", "x" * 1001, "1" * 301]
+    "text",
+    [r"9^{9^{9^9}}", "2^{100000}", "10^{10^{10}}", "9^9^9", "1000!", "x" * 1001, "1" * 301]
+    + ["1E999999999", "1.5E+999999999", "2E-123456", "x=1.0e999999999"],  # sympy's exact 10^999999999: one C call
 )
 def test_costly_answers_are_refused_before_evaluation(text):
     assert costly_reason(text) is not None
 
 
-@pytest.mark.parametrize("text", [r"2^{100}", r"\frac{1}{3^{40}}", r"(x+1)^{2}", "10!", r"e^{i\pi}"])
+@pytest.mark.timeout(120, method="thread")  # in C the inline grade hung past 300 s: no signal can stop it
+@pytest.mark.parametrize("answer", ["1E999999999", "1.5E+999999999", "x = 1E-999999999"])
+def test_scientific_notation_with_a_huge_exponent_is_not_evaluated(answer):
+    from slime_rollout.rewards.math import num_undecided
+
+    before = num_undecided()
+    assert rule_based_reward("math", rf"So $\boxed{{{answer}}}$.", "5") == 0.0
+    assert num_undecided() == before + 1  # counted and logged as undecided, not a verdict
+    assert rule_based_reward("math", r"So $\boxed{2.5E3}$.", "2500") == 1.0  # short exponents stay numbers
+
+
+@pytest.mark.parametrize("text", [r"2^{100}", r"\frac{1}{3^{40}}", r"(x+1)^{2}", "10!", r"e^{i\pi}", "2.5E3", "1e-9"])
 def test_ordinary_answers_are_not_refused(text):
     assert costly_reason(text) is None
 

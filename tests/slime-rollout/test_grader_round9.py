@@ -122,6 +122,26 @@ def test_named_parts_are_matched_by_name(response, label, expected):
     assert rule_based_reward("math", f"So {response}", label) == expected
 
 
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [
+        # Unnamed values against a label naming each part read in its order: (x, y) = (2, 1) scored 1 as the set {1, 2}
+        # (while `x = 2, y = 1` against the label `(1, 2)` scored 0).
+        (r"\boxed{2, 1}", "x=1, y=2", 0.0),
+        (r"\boxed{(2, 1)}", "x=1, y=2", 0.0),
+        (r"\boxed{2}, \boxed{1}", "a = 1, b = 2", 0.0),
+        (r"\boxed{1, 2}", "x=1, y=2", 1.0),
+        (r"\boxed{(1, 2)}", "x=1, y=2", 1.0),
+        (r"\boxed{1}, \boxed{2}", "a = 1, b = 2", 1.0),
+        (r"\boxed{\frac12, 3}", "x=0.5, y=3", 1.0),
+        # One variable named twice is a set of solutions: any order.
+        (r"\boxed{2, 1}", "x=1, x=2", 1.0),
+    ],
+)
+def test_unnamed_parts_follow_the_order_of_a_label_naming_them(response, label, expected):
+    assert rule_based_reward("math", f"So {response}", label) == expected
+
+
 def test_gpqa_reads_numpy_metadata_separated_letters_and_an_index_correct_letter():
     import numpy as np
 

@@ -123,6 +123,28 @@ def test_f1_reward():
     assert f1_reward("london", ["rome", "london"]) == 1.0
 
 
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        # The last box was read whatever the text said of it: each of these scored 1.0 (the original reads the whole
+        # text, "boxedparis is wrong", and scored them 0; `boxed_f1` and math score them 0 by the final-answer rule).
+        (r"\boxed{Paris} is wrong.", 0.0),
+        (r"It is not \boxed{Paris}.", 0.0),
+        (r"\boxed{Paris}. Wait, that is wrong; it is London.", 0.0),
+        (r"\boxed{London} or \boxed{Paris}", 0.0),
+        # A final box, a corrected one and one restated still count.
+        (r"The answer is \boxed{Paris}.", 1.0),
+        (r"First \boxed{London}, but correcting: \boxed{Paris}", 1.0),
+        (r"\boxed{Paris}, i.e. \boxed{\text{Paris}}", 1.0),
+        (r"<think>\boxed{Rome}</think> \boxed{The Paris}", 1.0),
+        ("Paris, France", 2 / 3),  # no box: the text after the reasoning
+    ],
+)
+def test_f1_reads_the_final_box_by_the_final_answer_rule(response, expected):
+    assert rule_based_reward("f1", response, "Paris") == pytest.approx(expected, abs=1e-12)
+    assert f1_reward(response, "Paris") == pytest.approx(expected, abs=1e-12)
+
+
 def test_gpqa_reward():
     assert extract_choice_letter("<think>maybe A</think> The answer is (C).") == "C"
     assert gpqa_reward("The answer is C", "C") == 1.0

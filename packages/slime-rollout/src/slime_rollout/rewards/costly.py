@@ -2,9 +2,9 @@ r"""What symbolic grading must not evaluate: answers whose evaluation would take
 
 Such work happens inside single C calls (big-integer powers, factorials) that no timeout interrupts, or in sympy's
 recursions (`factorial(10**100)`), which `rewards.deadline` stops only late. `costly_reason` screens the text before
-parsing (length, literal factorials, big literals, power towers, huge exponents); `tree_too_big` screens the parsed,
-unevaluated expression (integer powers and growing functions whose arguments are estimated, so `(10^{100})!` counts
-by its value). `math_utils.symbolic_equal_with_timeout` skips both as "undecided".
+parsing (length, literal factorials, big literals, power towers, huge exponents, `1E999999999`); `tree_too_big`
+screens the parsed, unevaluated expression (integer powers and growing functions whose arguments are estimated, so
+`(10^{100})!` counts by its value). `math_utils.symbolic_equal_with_timeout` skips both as "undecided".
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ SYMBOLIC_MAX_CHARS = 1000  # longer answers are compared as strings and numbers 
 _FACTORIAL = re.compile(r"\d{4,}\s*!")
 _BIG_LITERAL = re.compile(r"\d{301,}")
 _EXPONENT = re.compile(r"\^\s*(\{|\d+|\\?[a-zA-Z]+)")
+# Scientific notation (`1E999999999`): sympy turns the decimal into an exact rational, 10^999999999, in one C call
+# that no deadline stops (the inline grader hung past 300 s). `e` too: `1.0e999999999` reads as the same number.
+_SCI_EXPONENT = re.compile(r"\d\.?[eE]\s*[+-]?\s*\d{5,}")
 
 
 def costly_reason(text: str) -> str | None:
@@ -32,6 +35,8 @@ def costly_reason(text: str) -> str | None:
         return "factorial of a 4+ digit number"
     if _BIG_LITERAL.search(text):
         return "integer of 300+ digits"
+    if _SCI_EXPONENT.search(text):
+        return "scientific notation with an exponent of 5+ digits"
     for m in _EXPONENT.finditer(text):
         token = m.group(1)
         if token == "{":

@@ -1,11 +1,12 @@
 r"""`--rm-type f1`: SQuAD token-level F1 (Rajpurkar et al., 2016) between the response's answer and the label.
 
 The answer is what a grader would read: the response's final part (after its reasoning; a `<think>` that never
-closes has no answer), reduced to its last `\boxed{}` when it has one, with LaTeX text markup (`\text{...}`,
-`$`) and typesetting (`\underline{...}`, `\textcolor{red}{...}`, `{\bf ...}`: `rewards.markup`) taken off; a last
-box whose brace never closes (a response cut off inside it) is no answer, as the original's `boxed_f1` reads it. Then
-the original's metric: lower-case, no punctuation or articles, token-overlap F1; `yes`/`no`/`noanswer` must match
-exactly.
+closes has no answer), reduced to its final `\boxed{}` answer when it has a box (by the math graders' final-answer
+rule, `math_utils.single_final_answer`: a box taken back, negated or offered with another is no answer), with LaTeX
+text markup (`\text{...}`, `$`) and typesetting (`\underline{...}`, `\textcolor{red}{...}`, `{\bf ...}`:
+`rewards.markup`) taken off; a last box whose brace never closes (a response cut off inside it) is no answer, as the
+original's `boxed_f1` reads it. Then the original's metric: lower-case, no punctuation or articles, token-overlap F1;
+`yes`/`no`/`noanswer` must match exactly.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import string
 
 from slime_rollout.rewards.answers import find_boxes, strip_reasoning
 from slime_rollout.rewards.markup import strip_markup
+from slime_rollout.rewards.math_utils import single_final_answer
 from slime_rollout.rewards.unicode_math import ascii_forms
 
 __all__ = ["answer_text", "f1_precision_recall", "f1_reward", "normalize_text"]
@@ -36,14 +38,18 @@ def normalize_text(text: str) -> str:
 
 
 def answer_text(response: str) -> str:
-    r"""The part of `response` that is graded: after the reasoning, the last box's content if any, no markup."""
+    r"""The part of `response` that is graded: after the reasoning, its final box answer if it has a box, no markup."""
     region = strip_reasoning(str(response or ""))
     if region is None:
         return ""
     boxes = find_boxes(region)
     if boxes and not boxes[-1].closed:
         return ""  # cut off inside its box: no answer
-    text = strip_markup(boxes[-1].content if boxes else region)  # `\underline{Paris}` is Paris (`rewards.markup`)
+    if boxes:
+        # The math graders' final-answer rule: a box taken back ("is wrong"), negated or offered with another
+        # ("\boxed{London} or \boxed{Paris}") is no answer; the last box alone scored them 1.0.
+        region = single_final_answer(region) or ""
+    text = strip_markup(region)  # `\underline{Paris}` is Paris (`rewards.markup`)
     return _TEXT_COMMANDS.sub(r"\1", text).replace("$", " ")
 
 

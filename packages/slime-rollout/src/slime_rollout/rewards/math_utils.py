@@ -61,7 +61,7 @@ from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.inequalities import union_pair
 from slime_rollout.rewards.letter_sets import letter_set, multi_select_label
 from slime_rollout.rewards.normalize import choice_letter, clean_answer, normalize_answer, parse_number
-from slime_rollout.rewards.parts import Split, answer_parts, different_brackets, named_pairs
+from slime_rollout.rewards.parts import Split, answer_parts, different_brackets, named_pairs, positional_pairs
 from slime_rollout.rewards.roman_options import roman_options
 from slime_rollout.rewards.times import same_time
 
@@ -283,7 +283,7 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
     if len(answers) > 1 and multi_select_label(gold) is not None and letter_set(", ".join(answers)) is not None:
         return [(", ".join(answers), gold)]  # `\boxed{A} and \boxed{C}` picks the options A and C of `AC`
     if len(answers) > 1 and len(answers) == len(gold_parts):
-        named = named_pairs(answers, gold_parts)
+        named = named_pairs(answers, gold_parts) or positional_pairs(answers, gold_parts)
         if named is not None:
             return named
         return list(zip(answers, gold_parts, strict=True)) if labelled else [(", ".join(answers), gold)]
@@ -301,7 +301,7 @@ def final_pairs(final: FinalAnswers, gold: str) -> list[tuple[str, str]] | None:
     split = Split.of(answer)
     if not split.same_count(gold_split):
         return None
-    named = named_pairs(split.wrapped, gold_split.wrapped)
+    named = named_pairs(split.wrapped, gold_split.wrapped) or positional_pairs(split.unwrapped, gold_split.unwrapped)
     if named is not None:
         return named
     return [(split.joined(), gold_split.joined())]

@@ -14,7 +14,7 @@ import re
 from slime_rollout.rewards.markup import strip_markup
 from slime_rollout.rewards.number_words import words_to_number
 
-__all__ = ["Split", "answer_parts", "different_brackets", "named_pairs"]
+__all__ = ["Split", "answer_parts", "different_brackets", "named_pairs", "positional_pairs"]
 
 # "or" inside one answer lists its values ("x = 2 \text{ or } x = 3"); for a one-value label that is two parts,
 # so a hedge inside a box (`\boxed{3 \text{ or } 5}` for `5`) is still wrong.
@@ -187,6 +187,22 @@ def named_pairs(parts: list[str], gold_parts: list[str]) -> list[tuple[str, str]
     if len(by_name) != len(parts) or len(gold_by_name) != len(gold_parts) or by_name.keys() != gold_by_name.keys():
         return None
     return [(by_name[name], gold_part) for name, gold_part in gold_by_name.items()]
+
+
+def positional_pairs(parts: list[str], gold_parts: list[str]) -> list[tuple[str, str]] | None:
+    """Unnamed parts against a label whose parts each name a different variable: paired in the label's order.
+
+    `2, 1` (or `(2, 1)`) for the label `x = 1, y = 2` gives x = 2, y = 1: compared as one list (the set {1, 2}), it
+    scored 1, while `x = 2, y = 1` against the label `(1, 2)` scored 0. A label that names one variable several
+    times (`x = 1, x = 2`: its solutions) is a set and is not paired. None unless both sides have two or more parts,
+    as many each, no part of `parts` named, every label part named, each name once.
+    """
+    if len(parts) < 2 or len(parts) != len(gold_parts) or any(_NAMED_PART.match(part) for part in parts):
+        return None
+    gold_names = [_NAMED_PART.match(part) for part in gold_parts]
+    if not all(gold_names) or len({_name(m) for m in gold_names if m}) != len(gold_parts):
+        return None
+    return list(zip(parts, gold_parts, strict=True))
 
 
 def _name(match: re.Match[str]) -> str:
