@@ -54,6 +54,7 @@ _START = "<|im_start|>"
 _HEADER = _START + "assistant\n"
 _END = "<|im_end|>"
 _THINK = "<think>\n"
+_ROLES = ("system", "user", "assistant", "tool")  # the roles every LOSS_MASK_TYPES template renders
 _DISTILL_MARKER = "<｜Assistant｜>"  # DeepSeek-R1-Distill-Qwen's assistant token (full-width bars)
 
 
@@ -213,7 +214,9 @@ def conversation_problem(messages: Any, tokenizer_type: str, input_key: str = "m
 
     The shape of the messages is the data's row check (`rows.prompt_problem`: chat messages with a role, some
     content, text a tokenizer can encode); SFT adds a list (a string prompt is one user turn, nothing to train
-    on), string roles, text content, and no chat marker inside a message: the ChatML types find assistant turns by
+    on), roles the chat templates render (system, user, assistant, tool: they skip any other without a word), a
+    `step_loss_mask` of 0 or 1 (any other value, null included, meant "not trained"), text content, and no chat
+    marker inside a message: the ChatML types find assistant turns by
     their markers in the rendered text, so a user message quoting `<|im_start|>assistant\n` was trained on in place
     of the reply, and an assistant text holding `<|im_end|>` was trained on up to it only. A conversation must hold
     a turn to train on: an assistant message without `"step_loss_mask": 0` (a ChatML type), or a last message that
@@ -238,6 +241,19 @@ def conversation_problem(messages: Any, tokenizer_type: str, input_key: str = "m
         if not isinstance(message["role"], str):
             role = message["role"]
             return f"message {j} has the role {role!r} ({type(role).__name__}), not text"
+        if message["role"] not in _ROLES:
+            # Qwen's and DeepSeek-R1-Distill's templates skip any other role without a word (a ShareGPT "human"
+            # turn vanished from the training text, the next reply trained as the answer to the turn before).
+            return (
+                f"message {j} has the role {message['role']!r}, which the chat template does not render (it would "
+                f"be left out of the training text); use {', '.join(_ROLES[:-1])} or {_ROLES[-1]}"
+            )
+        step = message.get("step_loss_mask", 1)
+        if step not in (0, 1):  # any value but 1 meant "not trained": null, "1", 2
+            return (
+                f"message {j} ({message['role']}) has step_loss_mask {step!r} ({type(step).__name__}); it takes 0 "
+                "(not trained on) or 1 (trained on)"
+            )
         content = message.get("content")
         if not isinstance(content, str | None):
             return f"message {j} ({message['role']}) has {type(content).__name__} content, not text"
@@ -281,7 +297,8 @@ def sft_sample(sample: Sample, builder: ChatLossMask, *, input_key: str = "messa
 
     Raises:
         ValueError: the prompt is not a non-empty list of messages (as the data's row check takes them:
-            `rows.prompt_problem`; each with a string `role` and text or null `content`), a message's text holds a
+            `rows.prompt_problem`; each with a role the templates render, text or null `content` and a
+            `step_loss_mask` of 0 or 1 if any), a message's text holds a
             ChatML marker the mask is located by, a distill_qwen conversation that does not end with an assistant
             reply, a chat template that cannot render the messages (its error chained), or no message is trained
             on; each names the sample.
