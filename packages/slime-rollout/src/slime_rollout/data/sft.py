@@ -15,7 +15,7 @@ maps them to tokens. Types (the original's `--loss-mask-type` values):
 | `qwen` | ChatML (Qwen2.5) | assistant body incl. a leading `<think>` block |
 | `qwen3` | ChatML (Qwen3) | the same, each turn rendered as the original does (below) |
 | `qwen3_5` | ChatML (Qwen3.5) | the same as `qwen` without the leading `<think>\n` line |
-| `distill_qwen` | DeepSeek-R1-Distill-Qwen | the last message's text after the rendered earlier messages |
+| `distill_qwen` | DeepSeek-R1-Distill-Qwen | the last message (text + end-of-sentence token) after the earlier ones |
 
 `qwen3` renders the conversation turn by turn, as the original's `gen_multi_turn_loss_mask_qwen3` does: each
 message (a run of tool messages as one) after a fixed user message, whose rendering is then cut off. Qwen3's template
@@ -191,6 +191,11 @@ class ChatLossMask:
         )
         prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         response_ids = self.tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
+        eos = self.tokenizer.eos_token_id
+        if eos is not None and response_ids[-1:] != [eos]:
+            # The template closes every reply with it; the original tokenized the text alone, so a model trained on
+            # it never learned to stop.
+            response_ids.append(eos)
         trainable = 1 if messages[-1].get("step_loss_mask", 1) == 1 else 0
         return [*prompt_ids, *response_ids], [0] * len(prompt_ids) + [trainable] * len(response_ids)
 
