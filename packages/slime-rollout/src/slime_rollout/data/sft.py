@@ -150,13 +150,16 @@ class ChatLossMask:
                 raise ValueError(f"--loss-mask-type qwen3: message {i} does not render apart from the fixed user "
                                  "message the turns are cut from; the chat template is not Qwen3's ChatML")  # fmt: skip
             trained = turn[0].get("role") == "assistant" and turn[0].get("step_loss_mask", 1) == 1
-            if trained and not cut.startswith(_HEADER):
+            # A first assistant turn given tools comes after the template's tools system block, which is not trained
+            # (the original trained it as the reply: it cut only the header's length).
+            body = len(_HEADER) + (cut.find(_HEADER) if i == 0 and tools and not cut.startswith(_HEADER) else 0)
+            if trained and cut[body - len(_HEADER) : body] != _HEADER:
                 raise ValueError(f"--loss-mask-type qwen3: message {i} (assistant) does not render as "
                                  f"'{_HEADER!r}...'; the chat template is not ChatML")  # fmt: skip
             encoded = self.tokenizer(cut, add_special_tokens=False, return_offsets_mapping=True)
             ids += encoded["input_ids"]
             # A token is trained on when its span ends past the header (the original: all but the header's tokens).
-            mask += [int(trained and stop > len(_HEADER)) for _, stop in encoded["offset_mapping"]]
+            mask += [int(trained and stop > body) for _, stop in encoded["offset_mapping"]]
             i = end
         return ids, mask
 
