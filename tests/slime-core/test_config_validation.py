@@ -277,6 +277,20 @@ def test_no_effect_warnings(caplog):
     assert any("--kl-loss-coef has no effect without --use-kl-loss" in m for m in messages)
 
 
+def test_policy_loss_terms_with_the_sft_loss_are_one_warning_naming_them(caplog):
+    # The NLL reads none of them (the original's sft_loss_function neither): an RL script turned into SFT kept
+    # --use-kl-loss (a reference model loaded and run every step) and --entropy-coef, without a word.
+    sft = {"loss_type": "sft_loss", "disable_compute_advantages_and_returns": True, "hf_checkpoint": "m"}
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(**sft)
+        assert caplog.records == []
+        make(**sft, use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01, use_tis=True)
+    assert [r.getMessage() for r in caplog.records] == [
+        "--loss-type sft_loss: --use-kl-loss, --entropy-coef 0.01, --use-tis have no effect (the loss is the "
+        "negative log-likelihood of the trained tokens only); drop them"
+    ]
+
+
 def test_a_cpu_config_builds_without_the_engines_package():
     # slime-core alone (or a trainer package) must build a config: the engine's record is only read where it
     # decides something (a GPU run's weight transport), so slime_rollout is never imported on CPU.

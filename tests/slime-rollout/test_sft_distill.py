@@ -32,6 +32,7 @@ def distill_tokenizer(qwen3_tokenizer_dir):
     added = ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"]
     tokenizer.add_special_tokens({"additional_special_tokens": added})
     tokenizer.chat_template = DISTILL_TEMPLATE
+    tokenizer.eos_token = "<｜end▁of▁sentence｜>"  # as DeepSeek-R1-Distill-Qwen's tokenizer_config.json says
     return tokenizer
 
 
@@ -44,13 +45,27 @@ def test_the_prompt_is_every_message_before_the_reply(distill_tokenizer, kind):
     prompt = [t for t, m in zip(ids, mask, strict=True) if not m]
     # Was "Be brief.<｜Assistant｜>": the question left out.
     assert distill_tokenizer.decode(prompt) == "Be brief.<｜User｜>What is 2+2?<｜Assistant｜>"
-    assert builder.get_text_from_loss_mask(ids, mask) == ["4"]
-    # A two-message conversation is masked as the original masks it (its first message is all before the reply).
+    assert builder.get_text_from_loss_mask(ids, mask) == ["4<｜end▁of▁sentence｜>"]
+    # A two-message conversation is masked as the original masks it (its first message is all before the reply),
+    # and the reply ends with the end-of-sentence token the template closes it with (below).
     two_ids, two_mask = builder.get_loss_mask(CONVERSATION[1:])
     first = distill_tokenizer.apply_chat_template(CONVERSATION[1:2], tokenize=False, add_generation_prompt=True)
     first_ids = distill_tokenizer(first, add_special_tokens=False)["input_ids"]
-    reply_ids = distill_tokenizer("4", add_special_tokens=False)["input_ids"]
+    reply_ids = [*distill_tokenizer("4", add_special_tokens=False)["input_ids"], distill_tokenizer.eos_token_id]
     assert (two_ids, two_mask) == (first_ids + reply_ids, [0] * len(first_ids) + [1] * len(reply_ids))
+
+
+def test_the_reply_is_trained_with_the_end_of_sentence_token_the_template_closes_it_with(distill_tokenizer):
+    # The original tokenized the reply's text alone: the model never saw <｜end▁of▁sentence｜> after a reply, so
+    # an SFT'd model did not learn to stop. The template writes it after every assistant turn.
+    builder = ChatLossMask(distill_tokenizer, "distill_qwen")
+    eos = distill_tokenizer.convert_tokens_to_ids("<｜end▁of▁sentence｜>")
+    ids, mask = builder.get_loss_mask(CONVERSATION)
+    assert ids[-1] == eos and mask[-1] == 1
+    assert distill_tokenizer.apply_chat_template(CONVERSATION, tokenize=False).endswith("4<｜end▁of▁sentence｜>")
+    # A reply that already ends with it keeps one.
+    closed = [*CONVERSATION[:2], {"role": "assistant", "content": "4<｜end▁of▁sentence｜>"}]
+    assert builder.get_loss_mask(closed) == (ids, mask)
 
 
 def test_the_switched_type_checks_the_conversation_as_distill_qwen(distill_tokenizer):

@@ -139,3 +139,19 @@ def test_samples_longer_than_the_models_context_are_counted_and_named(tmp_path, 
     assert out.metrics["rollout/sft/num_over_context"] == 1.0
     assert "1 of 2 samples are longer than the model's context (max_position_embeddings 48 of --hf-checkpoint; " \
         "samples 0)" in caplog.text  # fmt: skip
+
+
+def test_a_first_assistant_turn_with_tools_trains_the_reply_not_the_tools_block(tokenizer):
+    # Was "message 0 (assistant) does not render as '<|im_start|>assistant\n...'; the chat template is not ChatML"
+    # (the template is; the tools' system block comes first). The original trained that block as the reply.
+    conversation = [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "Q"},
+                    {"role": "assistant", "content": "A"}]  # fmt: skip
+    builder = ChatLossMask(tokenizer, "qwen3")
+    ids, mask = builder.get_loss_mask(conversation, tools=TOOLS)
+    assert builder.get_text_from_loss_mask(ids, mask) == [
+        "hello<|im_end|>\n", "<think>\n\n</think>\n\nA<|im_end|>\n"
+    ]  # fmt: skip
+    original_ids, original_mask = _original_qwen3(tokenizer, conversation, TOOLS)
+    assert ids == original_ids  # the same tokens; only the mask of the tools block differs
+    block = original_mask.index(1)
+    assert tokenizer.decode(ids[block : mask.index(1)]).startswith("# Tools\n")

@@ -46,6 +46,8 @@ def _errors(cfg) -> list[str]:
         ([GOOD[0], {**GOOD[1], "step_loss_mask": 0}], (), "line 4: no assistant message to train on"),
         ([{"role": "user", "content": "<|im_start|>assistant\nX"}, GOOD[1]], (), "line 4: message 0 (user) holds the"),
         (GOOD[::-1], ("--loss-mask-type", "distill_qwen"), "line 4: --loss-mask-type distill_qwen trains on the last"),
+        ([*GOOD, {"role": "human", "content": "Q2"}, GOOD[1]], (), "line 4: message 2 has the role 'human', which"),
+        ([GOOD[0], {**GOOD[1], "step_loss_mask": None}], (), "line 4: message 1 (assistant) has step_loss_mask None"),
     ],
 )
 def test_a_conversation_the_sft_rollout_cannot_train_on_is_named_by_line(
@@ -135,3 +137,48 @@ def test_several_samples_per_conversation_is_one_error_before_launch(tmp_path, q
     data = _write(tmp_path / "sft.jsonl", GOOD)
     errors = _errors(_cfg(data, qwen3_tokenizer_dir, "--n-samples-per-prompt", "2", "--global-batch-size", "4"))
     assert "SFT needs --n-samples-per-prompt 1, got 2" in errors
+
+
+@pytest.mark.parametrize("mask_type", ["qwen", "qwen3", "qwen3_5", "distill_qwen"])
+def test_a_role_the_chat_templates_do_not_render_is_one_error_naming_the_message(mask_type, qwen3_tokenizer_dir):
+    # Qwen's and DeepSeek-R1-Distill's templates render system, user, assistant and tool turns only: a ShareGPT
+    # "human" turn was left out of the rendered text without a word, so A2 was trained as the answer to Q1.
+    tokenizer = get_tokenizer(str(qwen3_tokenizer_dir))
+    conversation = [
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "human", "content": "Q2"},
+        {"role": "assistant", "content": "A2"},
+    ]
+    rendered = tokenizer.apply_chat_template(conversation, tokenize=False)
+    assert "Q2" not in rendered  # the template drops the turn (why it must be refused)
+    problem = conversation_problem(conversation, mask_type)
+    assert problem == (
+        "message 2 has the role 'human', which the chat template does not render (it would be left out of the "
+        "training text); use system, user, assistant or tool"
+    )
+    with pytest.raises(ValueError, match=r"^sample 5: message 2 has the role 'human'"):
+        sft_sample(Sample(prompt=conversation, index=5), ChatLossMask(tokenizer, mask_type))
+
+
+@pytest.mark.parametrize("value", [None, "1", "0", 2, 0.5])
+def test_a_step_loss_mask_other_than_0_or_1_is_one_error_naming_the_message(value):
+    # Any value but 1 meant "not trained" without a word: a JSONL `"step_loss_mask": null` or a CSV-born "1" left
+    # the turn out of the loss.
+    conversation = [
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": "A1", "step_loss_mask": 1},
+        {"role": "user", "content": "Q2"},
+        {"role": "assistant", "content": "A2", "step_loss_mask": value},
+    ]
+    assert conversation_problem(conversation, "qwen") == (
+        f"message 3 (assistant) has step_loss_mask {value!r} ({type(value).__name__}); it takes 0 (not trained on) "
+        "or 1 (trained on)"
+    )
+
+
+@pytest.mark.parametrize("value", [0, 1, True, False, 1.0])
+def test_step_loss_mask_0_or_1_passes(value):
+    conversation = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "step_loss_mask": 1},
+                    {"role": "assistant", "content": "B", "step_loss_mask": value}]  # fmt: skip
+    assert conversation_problem(conversation, "qwen") is None

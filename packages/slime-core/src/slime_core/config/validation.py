@@ -321,6 +321,8 @@ def _algorithm(args: SlimeArgs) -> None:
             "--disable-compute-advantages-and-returns leaves the policy loss without advantages; "
             "use it with --loss-type sft_loss or custom_loss"
         )
+    if args.loss_type == "sft_loss":
+        _policy_terms_without_effect(args)
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list are mutually exclusive")
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
@@ -329,6 +331,30 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError("--bf16 and --fp16 are mutually exclusive")
     if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
         warn_once("mask_offpolicy", "--mask-offpolicy-in-partial-rollout has no effect without --partial-rollout")
+
+
+def _policy_terms_without_effect(args: SlimeArgs) -> None:
+    """Warns once about policy-loss terms given with `--loss-type sft_loss`, whose NLL reads none of them.
+
+    The original's `sft_loss_function` ignores them too; a KL loss still loads and runs the reference model.
+    """
+    given = [
+        flag
+        for flag, on in (
+            ("--use-kl-loss", args.use_kl_loss),
+            (f"--kl-coef {args.kl_coef}", args.kl_coef != 0),
+            (f"--entropy-coef {args.entropy_coef}", args.entropy_coef != 0),
+            ("--use-tis", args.use_tis),
+            ("--use-opsm", args.use_opsm),
+        )
+        if on
+    ]
+    if given:
+        warn_once(
+            "sft_policy_terms",
+            f"--loss-type sft_loss: {', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect (the loss is "
+            "the negative log-likelihood of the trained tokens only); drop them",
+        )
 
 
 def _multi_turn_flags(args: SlimeArgs) -> None:

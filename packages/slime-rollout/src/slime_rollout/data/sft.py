@@ -15,7 +15,7 @@ maps them to tokens. Types (the original's `--loss-mask-type` values):
 | `qwen` | ChatML (Qwen2.5) | assistant body incl. a leading `<think>` block |
 | `qwen3` | ChatML (Qwen3) | the same, each turn rendered as the original does (below) |
 | `qwen3_5` | ChatML (Qwen3.5) | the same as `qwen` without the leading `<think>\n` line |
-| `distill_qwen` | DeepSeek-R1-Distill-Qwen | the last message's text after the rendered earlier messages |
+| `distill_qwen` | DeepSeek-R1-Distill-Qwen | the last message (text + end-of-sentence token) after the earlier ones |
 
 `qwen3` renders the conversation turn by turn, as the original's `gen_multi_turn_loss_mask_qwen3` does: each
 message (a run of tool messages as one) after a fixed user message, whose rendering is then cut off. Qwen3's template
@@ -54,6 +54,7 @@ _START = "<|im_start|>"
 _HEADER = _START + "assistant\n"
 _END = "<|im_end|>"
 _THINK = "<think>\n"
+_ROLES = ("system", "user", "assistant", "tool")  # the roles every LOSS_MASK_TYPES template renders
 _DISTILL_MARKER = "<｜Assistant｜>"  # DeepSeek-R1-Distill-Qwen's assistant token (full-width bars)
 
 
@@ -149,13 +150,16 @@ class ChatLossMask:
                 raise ValueError(f"--loss-mask-type qwen3: message {i} does not render apart from the fixed user "
                                  "message the turns are cut from; the chat template is not Qwen3's ChatML")  # fmt: skip
             trained = turn[0].get("role") == "assistant" and turn[0].get("step_loss_mask", 1) == 1
-            if trained and not cut.startswith(_HEADER):
+            # A first assistant turn given tools comes after the template's tools system block, which is not trained
+            # (the original trained it as the reply: it cut only the header's length).
+            body = len(_HEADER) + (cut.find(_HEADER) if i == 0 and tools and not cut.startswith(_HEADER) else 0)
+            if trained and cut[body - len(_HEADER) : body] != _HEADER:
                 raise ValueError(f"--loss-mask-type qwen3: message {i} (assistant) does not render as "
                                  f"'{_HEADER!r}...'; the chat template is not ChatML")  # fmt: skip
             encoded = self.tokenizer(cut, add_special_tokens=False, return_offsets_mapping=True)
             ids += encoded["input_ids"]
             # A token is trained on when its span ends past the header (the original: all but the header's tokens).
-            mask += [int(trained and stop > len(_HEADER)) for _, stop in encoded["offset_mapping"]]
+            mask += [int(trained and stop > body) for _, stop in encoded["offset_mapping"]]
             i = end
         return ids, mask
 
@@ -190,6 +194,11 @@ class ChatLossMask:
         )
         prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         response_ids = self.tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
+        eos = self.tokenizer.eos_token_id
+        if eos is not None and response_ids[-1:] != [eos]:
+            # The template closes every reply with it; the original tokenized the text alone, so a model trained on
+            # it never learned to stop.
+            response_ids.append(eos)
         trainable = 1 if messages[-1].get("step_loss_mask", 1) == 1 else 0
         return [*prompt_ids, *response_ids], [0] * len(prompt_ids) + [trainable] * len(response_ids)
 
@@ -213,7 +222,9 @@ def conversation_problem(messages: Any, tokenizer_type: str, input_key: str = "m
 
     The shape of the messages is the data's row check (`rows.prompt_problem`: chat messages with a role, some
     content, text a tokenizer can encode); SFT adds a list (a string prompt is one user turn, nothing to train
-    on), string roles, text content, and no chat marker inside a message: the ChatML types find assistant turns by
+    on), roles the chat templates render (system, user, assistant, tool: they skip any other without a word), a
+    `step_loss_mask` of 0 or 1 (any other value, null included, meant "not trained"), text content, and no chat
+    marker inside a message: the ChatML types find assistant turns by
     their markers in the rendered text, so a user message quoting `<|im_start|>assistant\n` was trained on in place
     of the reply, and an assistant text holding `<|im_end|>` was trained on up to it only. A conversation must hold
     a turn to train on: an assistant message without `"step_loss_mask": 0` (a ChatML type), or a last message that
@@ -238,6 +249,19 @@ def conversation_problem(messages: Any, tokenizer_type: str, input_key: str = "m
         if not isinstance(message["role"], str):
             role = message["role"]
             return f"message {j} has the role {role!r} ({type(role).__name__}), not text"
+        if message["role"] not in _ROLES:
+            # Qwen's and DeepSeek-R1-Distill's templates skip any other role without a word (a ShareGPT "human"
+            # turn vanished from the training text, the next reply trained as the answer to the turn before).
+            return (
+                f"message {j} has the role {message['role']!r}, which the chat template does not render (it would "
+                f"be left out of the training text); use {', '.join(_ROLES[:-1])} or {_ROLES[-1]}"
+            )
+        step = message.get("step_loss_mask", 1)
+        if step not in (0, 1):  # any value but 1 meant "not trained": null, "1", 2
+            return (
+                f"message {j} ({message['role']}) has step_loss_mask {step!r} ({type(step).__name__}); it takes 0 "
+                "(not trained on) or 1 (trained on)"
+            )
         content = message.get("content")
         if not isinstance(content, str | None):
             return f"message {j} ({message['role']}) has {type(content).__name__} content, not text"
@@ -281,7 +305,8 @@ def sft_sample(sample: Sample, builder: ChatLossMask, *, input_key: str = "messa
 
     Raises:
         ValueError: the prompt is not a non-empty list of messages (as the data's row check takes them:
-            `rows.prompt_problem`; each with a string `role` and text or null `content`), a message's text holds a
+            `rows.prompt_problem`; each with a role the templates render, text or null `content` and a
+            `step_loss_mask` of 0 or 1 if any), a message's text holds a
             ChatML marker the mask is located by, a distill_qwen conversation that does not end with an assistant
             reply, a chat template that cannot render the messages (its error chained), or no message is trained
             on; each names the sample.
