@@ -172,3 +172,17 @@ def test_a_teacher_abort_is_named_as_one():
         "output_token_logprobs_length": 0, "completion_tokens": 0}}  # fmt: skip
     with pytest.raises(ValueError, match="sample 7: the teacher aborted the scoring request .'Abort in waiting queue'"):
         teacher_log_probs_from_reply(aborted, sample, logprob_start_len=1)
+
+
+def test_a_non_finite_or_malformed_teacher_entry_is_refused_with_its_sample():
+    """A NaN / -inf teacher log-prob (a teacher overflowing in fp16, or masking the student's token) went into the
+    advantages and made the whole batch NaN after whitening; a bare number instead of SGLang's triple failed with
+    "'float' object is not subscriptable", naming no sample. Both are refused naming the sample and token."""
+    sample = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
+    for bad in (float("nan"), float("-inf")):
+        reply = {"meta_info": {"input_token_logprobs": [[None, 2, None], [-0.5, 3, None], [bad, 4, None]]}}
+        with pytest.raises(ValueError, match=r"sample 7: the teacher's log-prob of response token 1 is (nan|-inf) "):
+            teacher_log_probs_from_reply(reply, sample, logprob_start_len=1)
+    bare = {"meta_info": {"input_token_logprobs": [None, -0.5, -0.25]}}
+    with pytest.raises(ValueError, match=r"sample 7: the teacher's input_token_logprobs entry of response token 0 is "):
+        teacher_log_probs_from_reply(bare, sample, logprob_start_len=1)

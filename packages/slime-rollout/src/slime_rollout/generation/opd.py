@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import urllib.parse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -85,9 +86,9 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
         `[response_length]` floats.
 
     Raises:
-        ValueError: the teacher aborted the request, the reply has no input log-probs, too few of them, scores
-            other tokens than the response, or has no number (None) for a response token (`logprob_start_len` not
-            before the response).
+        ValueError: the teacher aborted the request, the reply has no input log-probs, too few of them, an entry
+            that is no `[logprob, token_id, ...]`, scores other tokens than the response, has no number (None) for a
+            response token (`logprob_start_len` not before the response) or a NaN/infinite one.
     """
     meta = reply.get("meta_info") or {}
     finish = meta.get("finish_reason")
@@ -108,6 +109,13 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
             f"sample {sample.index}: the teacher returned {len(entries)} input log-probs from position "
             f"{logprob_start_len} for {len(sample.tokens)} tokens ({n} response tokens)"
         )
+    malformed = [i for i, e in enumerate(tail) if not (isinstance(e, (list, tuple)) and len(e) >= 2)]
+    if malformed:
+        i = malformed[0]
+        raise ValueError(
+            f"sample {sample.index}: the teacher's input_token_logprobs entry of response token {i} is {tail[i]!r}, "
+            "not SGLang's [logprob, token_id, text]"
+        )
     ids = [int(e[1]) for e in tail]
     # SGLang reports id 0 for an input id >= its vocab size - 1 (it clips what it could not detokenize:
     # scheduler_components/logprob_result_processor.py); a random or untrained policy samples such ids.
@@ -124,7 +132,15 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
             f"sample {sample.index}: the teacher's log-prob of response token {missing[0]} is None (SGLang returns "
             f"None for position logprob_start_len={logprob_start_len}; request from before the response)"
         )
-    return [float(e[0]) for e in tail]
+    values = [float(e[0]) for e in tail]
+    # A NaN or -inf log-prob would make every advantage of the batch NaN after whitening: refuse it here.
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad:
+        raise ValueError(
+            f"sample {sample.index}: the teacher's log-prob of response token {bad[0]} is {values[bad[0]]} "
+            f"({len(bad)} of {n} not finite; a teacher in fp16 overflowing, or a token the teacher masks out)"
+        )
+    return values
 
 
 async def _score_one(args: SlimeArgs, sample: Sample, semaphore: asyncio.Semaphore) -> None:
