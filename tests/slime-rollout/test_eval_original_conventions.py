@@ -226,3 +226,33 @@ def test_a_misspelt_eval_section_key_is_named(tmp_path):
     assert str(raised.value) == (
         f"--eval-config {config}: unknown key(s) ['default'] under eval (known: datasets, defaults)"
     )
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ("{video: videos}", r"media type 'video' is not implemented \(supported: image\)"),
+        ('{image: ""}', r"'image' must name a dataset column, got ''"),
+        ("'[1]'", "expected a JSON object, got list"),
+    ],
+)
+def test_an_eval_config_dataset_multimodal_keys_are_checked_as_the_flag(tmp_path, keys, message):
+    # The dataset's own multimodal_keys skipped --multimodal-keys' checks: a video column was dropped without a
+    # word (the prompts ran text-only), a JSON string failed with AttributeError at the first eval.
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  datasets:\n    - {{name: g, path: g.jsonl, multimodal_keys: {keys}}}\n")
+    with pytest.raises(ValueError, match=rf"^--eval-config {re.escape(str(config))} dataset 'g' multimodal_keys"):
+        eval_datasets(_args(eval_config=str(config), apply_chat_template=True))
+    with pytest.raises(ValueError, match=message):
+        eval_datasets(_args(eval_config=str(config), apply_chat_template=True))
+
+
+def test_an_eval_config_dataset_with_images_needs_the_chat_template(tmp_path):
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        'eval:\n  defaults: {multimodal_keys: \'{"image": "images"}\'}\n  datasets:\n    - {name: g, path: g.jsonl}\n'
+    )
+    with pytest.raises(ValueError, match=r"eval.defaults multimodal_keys needs --apply-chat-template"):
+        eval_datasets(_args(eval_config=str(config)))
+    (dataset,) = eval_datasets(_args(eval_config=str(config), apply_chat_template=True))
+    assert dataset["multimodal_keys"] == {"image": "images"}  # the JSON text, parsed as the flag's is

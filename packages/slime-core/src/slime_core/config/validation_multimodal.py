@@ -7,15 +7,15 @@ builds a vision-language model.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from slime_core.config.base import ConfigError
+from slime_core.config.base import ConfigError, parse_json_dict
 from slime_core.extensions import train_backend_spec
 
 if TYPE_CHECKING:
     from slime_core.config.args import SlimeArgs
 
-__all__ = ["SUPPORTED_MEDIA", "check_multimodal"]
+__all__ = ["SUPPORTED_MEDIA", "check_multimodal", "check_multimodal_keys"]
 
 #: Media types `--multimodal-keys` may name (the original also knows "video" and "audio").
 SUPPORTED_MEDIA = ("image",)
@@ -36,18 +36,7 @@ def check_multimodal(args: SlimeArgs) -> None:
         )
     if not keys:
         return
-    for media, column in keys.items():
-        if media not in SUPPORTED_MEDIA:
-            raise ConfigError(
-                f"--multimodal-keys: media type {media!r} is not implemented (supported: {', '.join(SUPPORTED_MEDIA)})"
-            )
-        if not isinstance(column, str) or not column:
-            raise ConfigError(f"--multimodal-keys: {media!r} must name a dataset column, got {column!r}")
-    if not args.apply_chat_template:
-        raise ConfigError(
-            "--multimodal-keys needs --apply-chat-template: images enter the prompt where the processor's chat "
-            "template renders their <image> placeholders"
-        )
+    check_multimodal_keys(keys, flag="--multimodal-keys", apply_chat_template=args.apply_chat_template)
     if not train_backend_spec(args).supports_multimodal:
         raise ConfigError(
             "--multimodal-keys: the Megatron backend builds text-only GPT models; train vision-language models with "
@@ -63,3 +52,38 @@ def check_multimodal(args: SlimeArgs) -> None:
             f"--multimodal-keys with --context-parallel-size {args.context_parallel_size}: vision inputs are not "
             "split over context-parallel ranks; use --context-parallel-size 1"
         )
+
+
+def check_multimodal_keys(keys: Any, *, flag: str, apply_chat_template: bool) -> dict[str, str] | None:
+    """Parses and checks one `multimodal_keys` value (the flag's, or an `--eval-config` dataset's own).
+
+    Args:
+        keys: a mapping `{"image": "<column>"}`, its JSON text, or None.
+        flag: what set it, for the messages (`--multimodal-keys`, `--eval-config f.yaml dataset 'geo3k'`).
+        apply_chat_template: whether the prompts using these keys are rendered with the chat template.
+
+    Returns:
+        The mapping, or None when `keys` is empty.
+
+    Raises:
+        ConfigError: not a JSON object, an unsupported media type, an empty column name, or images without the
+            chat template (their placeholders are rendered by the processor's template).
+    """
+    keys = parse_json_dict(keys, flag=flag)
+    if not keys:
+        return None
+    if not isinstance(keys, dict):
+        raise ConfigError(f"{flag}: multimodal_keys must map a media type to a column, got {keys!r}")
+    for media, column in keys.items():
+        if media not in SUPPORTED_MEDIA:
+            raise ConfigError(
+                f"{flag}: media type {media!r} is not implemented (supported: {', '.join(SUPPORTED_MEDIA)})"
+            )
+        if not isinstance(column, str) or not column:
+            raise ConfigError(f"{flag}: {media!r} must name a dataset column, got {column!r}")
+    if not apply_chat_template:
+        raise ConfigError(
+            f"{flag} needs --apply-chat-template: images enter the prompt where the processor's chat "
+            "template renders their <image> placeholders"
+        )
+    return keys

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from slime_core.config.rollout import check_template_kwargs
+from slime_core.config.validation_multimodal import check_multimodal_keys
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data.prompt_length import default_max_prompt_len
@@ -230,6 +231,14 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
                 params["max_new_tokens" if key == "max_response_len" else key] = dataset[key]
         dataset["sampling_params"] = params
         dataset["key_flags"] = _key_flags(cfg, defaults, entry)
+        if "multimodal_keys" in entry or "multimodal_keys" in defaults:
+            # The YAML's own value skips the flag's validation: a "video" key was dropped without a word.
+            where = "dataset " + repr(entry["name"]) if "multimodal_keys" in entry else "eval.defaults"
+            dataset["multimodal_keys"] = check_multimodal_keys(
+                dataset["multimodal_keys"],
+                flag=f"--eval-config {cfg.eval_config} {where} multimodal_keys",
+                apply_chat_template=bool(dataset["apply_chat_template"]),
+            )
         # A type the dataset names (entry or eval.defaults) overrides the rows' metadata["rm_type"], as the
         # original's EvalDatasetConfig.inject_metadata does; --rm-type only fills in for rows without one.
         dataset["rm_type_given"] = "rm_type" in entry or "rm_type" in defaults
