@@ -199,13 +199,19 @@ def test_input_errors():
         compute_advantages_and_returns(_args(kl_coef=0.1), rewards=[1.0], loss_masks=[torch.ones(2)])
     with pytest.raises(ValueError, match="rewards has 2"):
         compute_advantages_and_returns(_args(), rewards=[1.0, 2.0], loss_masks=[torch.ones(2)])
-    with pytest.raises(ValueError, match=r"log_probs\[0\]"):
-        compute_advantages_and_returns(
-            _args(kl_coef=0.1),
-            rewards=[1.0],
-            loss_masks=[torch.ones(2)],
-            log_probs=[torch.ones(3)],
-            ref_log_probs=[torch.ones(2)],
+    # A wrong-shaped entry, and a float where a tensor belongs (was "'float' object has no attribute 'shape'").
+    for entry, got in ((torch.ones(3), "shape (3,)"), (0.5, "float")):
+        with pytest.raises(ValueError) as e:
+            compute_advantages_and_returns(
+                _args(kl_coef=0.1),
+                rewards=[1.0],
+                loss_masks=[torch.ones(2)],
+                log_probs=[entry],
+                ref_log_probs=[torch.ones(2)],
+            )
+        assert str(e.value) == (
+            "log_probs must be a list of 1 tensors shaped like loss_masks (one value per response token), "
+            f"got {got} at sample 0, where its loss mask has shape (2,)"
         )
     with pytest.raises(KeyError, match="known"):
         compute_advantages_and_returns(_args(advantage_estimator="nope"), rewards=[1.0], loss_masks=[torch.ones(2)])
@@ -315,9 +321,9 @@ def test_custom_advantage_function(tmp_path, monkeypatch):
     ("body", "got"),
     [
         # Was "'float' object has no attribute 'shape'": the common slip of one advantage per sample.
-        ("list(rollout_data['rewards'])", "float at sample 0, where its loss mask has (3,)"),
+        ("list(rollout_data['rewards'])", "float at sample 0, where its loss mask has shape (3,)"),
         ("torch.tensor(rollout_data['rewards'])", "Tensor tensor([ 1.5000, -1.0000])"),
-        ("[torch.ones(1), torch.ones(1)]", "(1,) at sample 0, where its loss mask has (3,)"),
+        ("[torch.ones(1), torch.ones(1)]", "shape (1,) at sample 0, where its loss mask has shape (3,)"),
     ],
 )
 def test_custom_advantages_of_the_wrong_form_are_one_error_naming_the_plugin(tmp_path, monkeypatch, body, got):
@@ -335,7 +341,7 @@ def test_custom_advantages_of_the_wrong_form_are_one_error_naming_the_plugin(tmp
         )
     assert str(e.value) == (
         f"--custom-advantage-function-path {module}.adv: rollout_data['advantages'] must be a list of 2 tensors shaped "
-        f"like rollout_data['loss_masks'] (one value per response token), got {got}"
+        f"like loss_masks (one value per response token), got {got}"
     )
 
 

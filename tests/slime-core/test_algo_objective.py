@@ -305,10 +305,10 @@ def float_metric(args, pg_loss, loss_masks, **kw):
             r"must return \(pg_loss \[3\], loss_masks 2×\[L_i\], metrics dict of \[3\] tensors\), got tuple",
         ),
         # These two were broadcast into the loss without a word: a [2] or [1] pg_loss over 3 tokens.
-        ("one_value_per_sample", r"returned pg_loss \(2,\), expected a \[3\] tensor \(one value per token\)$"),
-        ("first_token_only", r"returned pg_loss \(1,\), expected a \[3\] tensor"),
+        ("one_value_per_sample", r"returned pg_loss shape \(2,\), expected a \[3\] tensor \(one value per token\)$"),
+        ("first_token_only", r"returned pg_loss shape \(1,\), expected a \[3\] tensor"),
         ("masks_as_one_tensor", r"returned loss_masks Tensor, expected a list of 2 tensors$"),
-        ("per_sample_metric", r"returned metric 'w' \(2,\), expected a \[3\] tensor"),
+        ("per_sample_metric", r"returned metric 'w' shape \(2,\), expected a \[3\] tensor"),
         ("float_metric", r"returned metric 'w' float, expected a \[3\] tensor"),
     ],
 )

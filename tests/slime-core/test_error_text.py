@@ -3,7 +3,7 @@
 import pytest
 from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
-from slime_core.error_text import first_rank_error, first_sentence, int_digits, preview, shorten
+from slime_core.error_text import first_rank_error, first_sentence, int_digits, preview, shape_or_type, shorten
 
 
 def test_shorten_keeps_short_text_and_cuts_long_text_to_the_limit():
@@ -73,3 +73,15 @@ def test_int_digits_counts_without_converting_to_text():
     values += [rng.randrange(10 ** rng.randrange(1, 300)) for _ in range(500)]
     assert [int_digits(v) for v in values] == [len(str(abs(v))) for v in values]
     assert int_digits(10**5000) == 5001 and int_digits(10**5000 - 1) == 5000
+
+
+def test_shape_or_type_names_an_array_by_its_shape_and_anything_else_by_its_type():
+    import numpy as np
+    import torch
+
+    assert shape_or_type(torch.zeros(3, 4)) == "shape (3, 4)"
+    assert shape_or_type(torch.tensor(1.0)) == "shape ()"
+    assert shape_or_type(np.zeros((2,))) == "shape (2,)"
+    assert shape_or_type(0.5) == "float"
+    assert shape_or_type([torch.zeros(1)]) == "list"
+    assert shape_or_type(torch.Tensor) == "_TensorMeta"  # the class: a `shape` descriptor, not a shape

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["first_rank_error", "first_sentence", "int_digits", "preview", "shorten"]
+__all__ = ["first_rank_error", "first_sentence", "int_digits", "preview", "shape_or_type", "shorten"]
 
 
 def shorten(text: str, limit: int = 80) -> str:
@@ -42,6 +42,18 @@ def preview(value: Any, limit: int = 80) -> str:
         else:
             text = f"<a {type(value).__name__} holding an int past Python's int-to-text limit>"
     return shorten(text, limit)
+
+
+def shape_or_type(value: Any) -> str:
+    """How an error names a value that should have been a tensor: `"shape (3, 4)"` for an array, else its type name.
+
+    Anything with a `shape` (a torch tensor, a numpy array) counts as an array; `torch` is not imported here.
+
+    Example:
+        `shape_or_type(torch.zeros(3, 4)) == "shape (3, 4)"`; `shape_or_type(0.5) == "float"`.
+    """
+    shape = getattr(value, "shape", None)
+    return f"shape {tuple(shape)}" if shape is not None and not isinstance(value, type) else type(value).__name__
 
 
 def int_digits(value: int) -> int:

@@ -22,7 +22,7 @@ import torch
 
 from slime_core.algorithms.kl import compute_approx_kl
 from slime_core.config import SlimeArgs, plugin_view
-from slime_core.error_text import preview
+from slime_core.error_text import preview, shape_or_type
 from slime_core.estimators import get_estimator
 from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
 from slime_core.plugins import load_function
@@ -159,14 +159,35 @@ def ppo_gae_advantages(cfg: SlimeArgs, *, rewards, loss_masks, kl, values):
     return advantages, returns
 
 
-def _check_list(name: str, tensors: Sequence[torch.Tensor] | None, loss_masks: Sequence[torch.Tensor]) -> None:
+def _check_list(name: str, tensors, loss_masks: Sequence[torch.Tensor], who: str = "") -> None:
+    """Check that `tensors` is one tensor per sample shaped like its loss mask (`[L_i]`); None passes.
+
+    Args:
+        name: what the list is called in the error (`log_probs`, `rollout_data['advantages']`).
+        tensors: N tensors `[L_i]`, or None.
+        loss_masks: N tensors `[L_i]`.
+        who: who produced `tensors` (a plugin's flag and path), named first in the error.
+
+    Raises:
+        ValueError: not a list of N, an entry not a tensor, or an entry's shape differs from its loss mask's.
+    """
     if tensors is None:
         return
-    if len(tensors) != len(loss_masks):
-        raise ValueError(f"{name} has {len(tensors)} entries, loss_masks has {len(loss_masks)}")
-    for i, (t, m) in enumerate(zip(tensors, loss_masks, strict=True)):
-        if t.shape != m.shape:
-            raise ValueError(f"{name}[{i}] has shape {tuple(t.shape)}, loss_masks[{i}] has {tuple(m.shape)}")
+    wrong = None
+    if not isinstance(tensors, list | tuple) or len(tensors) != len(loss_masks):
+        wrong = f"{type(tensors).__name__} {preview(tensors)}"
+    else:
+        for i, (t, m) in enumerate(zip(tensors, loss_masks, strict=True)):
+            if not isinstance(t, torch.Tensor) or t.shape != m.shape:
+                wrong = f"{shape_or_type(t)} at sample {i}, where its loss mask has shape {tuple(m.shape)}"
+                break
+    if wrong is not None:
+        # One value per response token, as the loss reads them: a list of floats (one per sample) failed later as
+        # "'float' object has no attribute 'shape'", a tensor of N as a shape error; neither named who made it.
+        raise ValueError(
+            f"{who}{name} must be a list of {len(loss_masks)} tensors shaped like loss_masks (one value per "
+            f"response token), got {wrong}"
+        )
 
 
 def compute_advantages_and_returns(
@@ -269,23 +290,9 @@ def _custom_advantages(args: SlimeArgs, path, rewards, loss_masks, inputs):
     for key in ("advantages", "returns"):
         if key not in rollout_data:
             raise ValueError(f"--custom-advantage-function-path {path!r} did not set rollout_data[{key!r}]")
-        values = rollout_data[key]
-        # One [L_i] tensor per sample, as the original's loss reads them: a list of floats (one per sample) failed as
-        # "'float' object has no attribute 'shape'", a tensor of N as a shape error; neither named the plugin.
-        wrong = None
-        if not isinstance(values, list | tuple) or len(values) != len(loss_masks):
-            wrong = f"{type(values).__name__} {preview(values)}"
-        else:
-            for i, (t, m) in enumerate(zip(values, loss_masks, strict=True)):
-                if not isinstance(t, torch.Tensor) or t.shape != m.shape:
-                    shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                    wrong = f"{shape} at sample {i}, where its loss mask has {tuple(m.shape)}"
-                    break
-        if wrong is not None:
-            raise ValueError(
-                f"--custom-advantage-function-path {path}: rollout_data[{key!r}] must be a list of {len(loss_masks)} "
-                f"tensors shaped like rollout_data['loss_masks'] (one value per response token), got {wrong}"
-            )
+        _check_list(
+            f"rollout_data[{key!r}]", rollout_data[key], loss_masks, who=f"--custom-advantage-function-path {path}: "
+        )
     return [a.float() for a in rollout_data["advantages"]], [r.float() for r in rollout_data["returns"]]
 
 

@@ -27,7 +27,7 @@ from slime_core.algorithms.registry import get_policy_loss
 from slime_core.algorithms.tis import icepop_function, vanilla_tis_function
 from slime_core.config import SlimeArgs, plugin_view
 from slime_core.config.mismatch import uses_mis_helper
-from slime_core.error_text import preview
+from slime_core.error_text import preview, shape_or_type
 from slime_core.estimators import get_estimator
 from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
 from slime_core.plugins import load_function
@@ -68,8 +68,9 @@ def _pg_reducer(cfg: SlimeArgs, total_lengths, response_lengths, loss_masks, def
         out = call_hook_with_deadline(reducer, values, **bounds)  # the reducer it made is its code too
         if not (isinstance(out, torch.Tensor) and out.dim() == 0):
             # A [T] or per-sample result made the loss a vector: the backward failed far from here, naming nothing.
-            got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"{bounds['what']}: its reducer returned {got}, not a scalar tensor (0-d, with grad)")
+            raise ValueError(
+                f"{bounds['what']}: its reducer returned {shape_or_type(out)}, not a scalar tensor (0-d, with grad)"
+            )
         return out
 
     return reduce
@@ -158,8 +159,9 @@ def _checked_tis_output(out: Any, what: str, lengths: list[int]) -> tuple[Any, A
         raise ValueError(f"{what}: must return {shape}, got {type(out).__name__} {preview(out)}")
     pg_loss, masks, metrics = out
     if not (isinstance(pg_loss, torch.Tensor) and tuple(pg_loss.shape) == (total,)):
-        got = tuple(pg_loss.shape) if isinstance(pg_loss, torch.Tensor) else type(pg_loss).__name__
-        raise ValueError(f"{what}: returned pg_loss {got}, expected a [{total}] tensor (one value per token)")
+        raise ValueError(
+            f"{what}: returned pg_loss {shape_or_type(pg_loss)}, expected a [{total}] tensor (one value per token)"
+        )
     if not (isinstance(masks, list | tuple) and all(isinstance(m, torch.Tensor) for m in masks)):
         raise ValueError(
             f"{what}: returned loss_masks {type(masks).__name__}, expected a list of {len(lengths)} tensors"
@@ -169,9 +171,9 @@ def _checked_tis_output(out: Any, what: str, lengths: list[int]) -> tuple[Any, A
         raise ValueError(f"{what}: returned metrics {type(metrics).__name__}, expected a dict of [{total}] tensors")
     for name, value in metrics.items():
         if not (isinstance(value, torch.Tensor) and tuple(value.shape) == (total,)):
-            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise ValueError(
-                f"{what}: returned metric {name!r} {got}, expected a [{total}] tensor (one value per token)"
+                f"{what}: returned metric {name!r} {shape_or_type(value)}, expected a [{total}] tensor "
+                "(one value per token)"
             )
     return pg_loss, masks, metrics
 

@@ -24,6 +24,7 @@ from slime_core.algorithms.objective import compute_actor_loss
 from slime_core.algorithms.reducers import default_reducer
 from slime_core.algorithms.sft_loss import compute_sft_loss
 from slime_core.config import SlimeArgs, plugin_view
+from slime_core.error_text import shape_or_type
 from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
 from slime_core.plugins import load_function
 
@@ -112,8 +113,9 @@ def _custom_loss(args: SlimeArgs, batch: dict[str, Any], outputs: dict[str, list
         # The original packs them into one tensor of scalars: a per-token metric or a string failed here as a bare
         # torch error, or (a [T] tensor) was summed over micro-batches of other sizes far from here.
         if not (isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.numel() == 1)):
-            got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ValueError(f"{what}: metric {name!r} is {got}, not a scalar (a number or a one-element tensor)")
+            raise ValueError(
+                f"{what}: metric {name!r} ({shape_or_type(value)}) is not a scalar (a number or a one-element tensor)"
+            )
         out[name] = torch.as_tensor(value, dtype=torch.float32, device=loss.device).detach().reshape(())
     out.setdefault("loss", loss.detach())
     return loss, out
