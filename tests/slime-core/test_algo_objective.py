@@ -253,25 +253,34 @@ def test_opsm_drops_negative_advantage_tokens_of_drifted_sequences():
     assert loss.item() == pytest.approx(0.0 + (-r) + 1.0, abs=ATOL)
 
 
-def test_custom_tis_function(tmp_path, monkeypatch):
-    (tmp_path / "my_tis.py").write_text(
-        "import torch\n"
-        "def tis(args, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths):\n"
-        "    masks = [m.clone() for m in loss_masks]\n"
-        "    masks[0][0] = 0.0  # reject one token\n"
-        "    return pg_loss * 2.0, masks, {'mis_weight': torch.full_like(pg_loss, 2.0)}\n"
-    )
+def _two_sample_actor_loss(tmp_path, monkeypatch, module: str, source: str, **overrides):
+    """`compute_actor_loss` on two samples (2 + 1 tokens, log-prob -1 each, advantage 1) with `source` importable
+    as `module` (a plugin file), under `_args(use_kl_loss=False, entropy_coef=0.0, **overrides)`."""
+    (tmp_path / f"{module}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
-    args = _args(use_kl_loss=False, entropy_coef=0.0, custom_tis_function_path="my_tis.tis")
     lp = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0])]
-    loss, metrics = compute_actor_loss(
-        args,
+    return compute_actor_loss(
+        _args(use_kl_loss=False, entropy_coef=0.0, **overrides),
         log_probs=lp,
         old_log_probs=lp,
         advantages=[torch.ones(2), torch.ones(1)],
         loss_masks=[torch.ones(2), torch.ones(1)],
         loss_denominators=[2.0, 1.0],
         rollout_log_probs=lp,
+        total_lengths=[3, 2],
+    )
+
+
+def test_custom_tis_function(tmp_path, monkeypatch):
+    source = (
+        "import torch\n"
+        "def tis(args, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths):\n"
+        "    masks = [m.clone() for m in loss_masks]\n"
+        "    masks[0][0] = 0.0  # reject one token\n"
+        "    return pg_loss * 2.0, masks, {'mis_weight': torch.full_like(pg_loss, 2.0)}\n"
+    )
+    loss, metrics = _two_sample_actor_loss(
+        tmp_path, monkeypatch, "my_tis", source, custom_tis_function_path="my_tis.tis"
     )
     # pg per token -1 → ×2 = -2; sample 0 keeps one token over denominator 2 → -1; sample 1 → -2
     assert loss.item() == pytest.approx(-3.0, abs=ATOL)
@@ -314,20 +323,8 @@ def float_metric(args, pg_loss, loss_masks, **kw):
 )
 def test_a_custom_tis_function_returning_the_wrong_shape_is_one_error_naming_it(tmp_path, monkeypatch, fn, message):
     # Its return went unchecked: bare unpacking and broadcasting errors naming no plugin, or a silently wrong loss.
-    (tmp_path / "bad_tis.py").write_text(_BAD_TIS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    args = _args(use_kl_loss=False, entropy_coef=0.0, custom_tis_function_path=f"bad_tis.{fn}")
-    lp = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0])]
     with pytest.raises(ValueError, match=rf"^--custom-tis-function-path bad_tis\.{fn}: {message}"):
-        compute_actor_loss(
-            args,
-            log_probs=lp,
-            old_log_probs=lp,
-            advantages=[torch.ones(2), torch.ones(1)],
-            loss_masks=[torch.ones(2), torch.ones(1)],
-            loss_denominators=[2.0, 1.0],
-            rollout_log_probs=lp,
-        )
+        _two_sample_actor_loss(tmp_path, monkeypatch, "bad_tis", _BAD_TIS, custom_tis_function_path=f"bad_tis.{fn}")
 
 
 _BAD_REDUCERS = """
@@ -355,21 +352,9 @@ def python_float(total_lengths, response_lengths, loss_masks, per_token):
     ],
 )
 def test_a_pg_loss_reducer_that_does_not_reduce_to_a_scalar_is_one_error_naming_it(tmp_path, monkeypatch, fn, message):
-    (tmp_path / "bad_reducers.py").write_text(_BAD_REDUCERS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    args = _args(use_kl_loss=False, use_tis=False, entropy_coef=0.0,
-                 custom_pg_loss_reducer_function_path=f"bad_reducers.{fn}")  # fmt: skip
-    lp = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0])]
     with pytest.raises(ValueError, match=rf"^--custom-pg-loss-reducer-function-path bad_reducers\.{fn}: {message}"):
-        compute_actor_loss(
-            args,
-            log_probs=lp,
-            old_log_probs=lp,
-            advantages=[torch.ones(2), torch.ones(1)],
-            loss_masks=[torch.ones(2), torch.ones(1)],
-            loss_denominators=[2.0, 1.0],
-            total_lengths=[3, 2],
-        )
+        _two_sample_actor_loss(tmp_path, monkeypatch, "bad_reducers", _BAD_REDUCERS, use_tis=False,
+                               custom_pg_loss_reducer_function_path=f"bad_reducers.{fn}")  # fmt: skip
 
 
 def test_builtin_tis_by_path_equals_tis_mode():
