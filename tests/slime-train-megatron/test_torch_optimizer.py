@@ -128,12 +128,12 @@ def test_device_grad_norm_is_the_2_norm_on_the_device_and_other_norms_go_to_mega
     assert float(device_grad_norm_fp32(grads[0])) == pytest.approx(float(torch.linalg.vector_norm(grads[0])), rel=1e-6)
     # The inf-norm is megatron-core's own (it hard-codes CUDA: what it is called with is what matters here).
     seen = {}
-    real = tp._MCORE["get_grad_norm_fp32"]
-    tp._MCORE["get_grad_norm_fp32"] = lambda g, n, group: seen.setdefault("call", (len(g), n, group)) and 7.0
+    real = tp._GRAD_NORM.original
+    tp._GRAD_NORM.original = lambda g, n, group: seen.setdefault("call", (len(g), n, group)) and 7.0
     try:
         assert device_grad_norm_fp32(grads, norm_type=float("inf")) == 7.0
     finally:
-        tp._MCORE["get_grad_norm_fp32"] = real
+        tp._GRAD_NORM.original = real
     assert seen["call"] == (4, float("inf"), None)
 
 
@@ -203,7 +203,7 @@ def test_foreach_copy_this_to_that_rounds_as_megatron_cores_loop():
     theirs = [torch.empty(g.shape, dtype=torch.bfloat16) for g in src]
     overflow = torch.tensor([3], dtype=torch.int)
     tp.foreach_copy_this_to_that(src, ours, overflow)
-    tp._MCORE["copy_this_to_that"](src, theirs)  # megatron-core's bf16 path: one copy_ per tensor
+    tp._COPY.original(src, theirs)  # megatron-core's bf16 path: one copy_ per tensor
     assert int(overflow) == 0  # zeroed as megatron-core's Apex path does
     for a, b, s in zip(ours, theirs, src, strict=True):
         assert torch.equal(a, b) and not torch.equal(a.float(), s)  # rounded to bf16, not left in fp32
@@ -244,7 +244,7 @@ def _distrib_optimizer_state(seed: int):
 def test_distributed_optimizer_param_copy_writes_what_megatron_cores_writes():
     ours, theirs = _distrib_optimizer_state(5), _distrib_optimizer_state(5)
     tp._distrib_copy_main_params_to_model_params(ours)
-    tp._MCORE["distrib_copy_main_to_model"](theirs)  # megatron-core's own method on the same state
+    tp._DISTRIB_COPY.original(theirs)  # megatron-core's own method on the same state
     for a, b in zip(ours.buffers[0].buckets, theirs.buffers[0].buckets, strict=True):
         assert torch.equal(a.param_data, b.param_data)
     flat = ours.buffers[0].buckets[0].param_data
@@ -262,8 +262,5 @@ def test_param_copy_switch_installs_and_restores_megatron_cores_copies():
                 is tp._distrib_copy_main_params_to_model_params)  # fmt: skip
     finally:
         tp.use_foreach_param_copy(False)
-    assert optimizer._multi_tensor_copy_this_to_that is tp._MCORE["copy_this_to_that"]
-    assert (
-        distrib_optimizer.DistributedOptimizer._copy_main_params_to_model_params
-        is tp._MCORE["distrib_copy_main_to_model"]
-    )
+    assert optimizer._multi_tensor_copy_this_to_that is tp._COPY.original
+    assert distrib_optimizer.DistributedOptimizer._copy_main_params_to_model_params is tp._DISTRIB_COPY.original

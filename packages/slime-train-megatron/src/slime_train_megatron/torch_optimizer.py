@@ -43,6 +43,8 @@ from megatron.core.optimizer import clip_grads
 from megatron.core.optimizer import distrib_optimizer as mcore_distrib_optimizer
 from megatron.core.optimizer import optimizer as mcore_optimizer
 
+from slime_train_megatron.module_patch import ModulePatch
+
 __all__ = [
     "device_clip_grad_by_total_norm_fp32",
     "device_grad_norm_fp32",
@@ -56,15 +58,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_LOCAL = {"l2_norm_impl": mcore_utils.local_multi_tensor_l2_norm, "multi_tensor_scale_impl":
-          mcore_utils.local_multi_tensor_scale}  # fmt: skip
-#: megatron-core's own norm, clip and parameter copies, as its optimizer modules hold them (the switches restore them).
-_MCORE = {
-    "get_grad_norm_fp32": clip_grads.get_grad_norm_fp32,
-    "clip_grad_by_total_norm_fp32": clip_grads.clip_grad_by_total_norm_fp32,
-    "copy_this_to_that": mcore_optimizer._multi_tensor_copy_this_to_that,
-    "distrib_copy_main_to_model": mcore_distrib_optimizer.DistributedOptimizer._copy_main_params_to_model_params,
-}
+#: megatron-core's local multi-tensor fallbacks, its norm and clip, and its parameter copies, where its optimizer
+#: modules call them (the switches replace and restore them; our versions call `.original` for what they leave).
+_L2_NORM = ModulePatch(clip_grads, "l2_norm_impl")
+_SCALE = ModulePatch(clip_grads, "multi_tensor_scale_impl")
+_GRAD_NORM = ModulePatch(mcore_optimizer, "get_grad_norm_fp32")
+_CLIP = ModulePatch(mcore_optimizer, "clip_grad_by_total_norm_fp32")
+_COPY = ModulePatch(mcore_optimizer, "_multi_tensor_copy_this_to_that")
+_DISTRIB_COPY = ModulePatch(mcore_distrib_optimizer.DistributedOptimizer, "_copy_main_params_to_model_params")
 
 
 def foreach_l2_norm(chunk_size: int, noop_flag: Any, tensor_lists: list[list[torch.Tensor]], per_tensor: bool, *args):
@@ -115,7 +116,7 @@ def device_grad_norm_fp32(
     without gradients (it adds 0). Other norm types go to megatron-core's own function (a host float).
     """
     if float(norm_type) != 2.0:
-        return _MCORE["get_grad_norm_fp32"](grads_for_norm, norm_type, grad_stats_parallel_group)
+        return _GRAD_NORM.original(grads_for_norm, norm_type, grad_stats_parallel_group)
     grads = [grads_for_norm] if isinstance(grads_for_norm, torch.Tensor) else list(grads_for_norm)
     dp_group = None
     for grad in grads:
@@ -146,7 +147,7 @@ def device_clip_grad_by_total_norm_fp32(
     a norm type `device_grad_norm_fp32` leaves to megatron-core) goes to megatron-core's own function.
     """
     if not torch.is_tensor(total_norm):
-        _MCORE["clip_grad_by_total_norm_fp32"](parameters, max_norm, total_norm, use_decoupled_grad)
+        _CLIP.original(parameters, max_norm, total_norm, use_decoupled_grad)
         return
     params = [parameters] if isinstance(parameters, torch.Tensor) else parameters
     attr = "decoupled_grad" if use_decoupled_grad else "grad"
@@ -175,13 +176,10 @@ def use_foreach_grad_norm(on: bool, *, device_norm: bool = True) -> bool:
     if clip_grads.multi_tensor_applier is not mcore_utils.local_multi_tensor_applier:
         logger.info("--use-foreach-grad-norm: megatron-core uses Transformer Engine's or Apex's kernels; unchanged")
         return False
-    clip_grads.l2_norm_impl = foreach_l2_norm if on else _LOCAL["l2_norm_impl"]
-    clip_grads.multi_tensor_scale_impl = foreach_scale if on else _LOCAL["multi_tensor_scale_impl"]
-    on_device = on and device_norm
-    mcore_optimizer.get_grad_norm_fp32 = device_grad_norm_fp32 if on_device else _MCORE["get_grad_norm_fp32"]
-    mcore_optimizer.clip_grad_by_total_norm_fp32 = (
-        device_clip_grad_by_total_norm_fp32 if on_device else _MCORE["clip_grad_by_total_norm_fp32"]
-    )
+    _L2_NORM.use(foreach_l2_norm, on)
+    _SCALE.use(foreach_scale, on)
+    _GRAD_NORM.use(device_grad_norm_fp32, on and device_norm)
+    _CLIP.use(device_clip_grad_by_total_norm_fp32, on and device_norm)
     return True
 
 
@@ -239,7 +237,7 @@ def _distrib_copy_main_params_to_model_params(self: Any) -> None:
     if self.is_stub_optimizer:
         return
     if self.ddp_config.use_megatron_fsdp or self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
-        _MCORE["distrib_copy_main_to_model"](self)
+        _DISTRIB_COPY.original(self)
         return
     pairs = ((self.shard_fp32_from_float16_groups, self.model_float16_groups),
              (self.shard_fp32_groups, self.model_fp32_groups))  # fmt: skip
@@ -248,7 +246,7 @@ def _distrib_copy_main_params_to_model_params(self: Any) -> None:
         for shard_main_group, model_group in zip(shard_main_groups, model_groups, strict=True):
             for shard_main_param, model_param in zip(shard_main_group, model_group, strict=True):
                 if mcore_distrib_optimizer.is_float8tensor(model_param):
-                    _MCORE["distrib_copy_main_to_model"](self)
+                    _DISTRIB_COPY.original(self)
                     return
                 world_range = self._get_model_param_range_map(model_param)["gbuf_world_in_bucket"]
                 gbuf_index, _, bucket_id = self.model_param_gbuf_map[model_param]
@@ -264,7 +262,5 @@ def use_foreach_param_copy(on: bool) -> None:
 
     Process-wide (module function and class method of megatron-core); the copied values are identical either way.
     """
-    mcore_optimizer._multi_tensor_copy_this_to_that = foreach_copy_this_to_that if on else _MCORE["copy_this_to_that"]
-    mcore_distrib_optimizer.DistributedOptimizer._copy_main_params_to_model_params = (
-        _distrib_copy_main_params_to_model_params if on else _MCORE["distrib_copy_main_to_model"]
-    )
+    _COPY.use(foreach_copy_this_to_that, on)
+    _DISTRIB_COPY.use(_distrib_copy_main_params_to_model_params, on)

@@ -28,10 +28,10 @@ from megatron.core.transformer import attention as mcore_attention
 
 __all__ = ["packed_rotary_pos_emb", "tp_group_or_default", "use_traceable_layer_pieces"]
 
-_MCORE = {
-    "tp_group": mcore_layers.get_tensor_model_parallel_group_if_none,
-    "rope": mcore_attention.apply_rotary_pos_emb,
-}
+from slime_train_megatron.module_patch import ModulePatch
+
+_TP_GROUP = ModulePatch(mcore_layers, "get_tensor_model_parallel_group_if_none")
+_ROPE = ModulePatch(mcore_attention, "apply_rotary_pos_emb")
 
 
 def tp_group_or_default(tp_group: Any, is_expert: bool = False, check_initialized: bool = True) -> Any:
@@ -85,7 +85,7 @@ def packed_rotary_pos_emb(
         or freqs.shape[0] == total  # megatron-core maps these by offset (the same for one sequence)
         or cu_seqlens.device != freqs.device
     ):
-        return _MCORE["rope"](t, freqs, config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group)
+        return _ROPE.original(t, freqs, config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group)
     cu = cu_seqlens.long()
     starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1], output_size=total)
     positions = torch.arange(total, device=cu.device) - starts
@@ -104,5 +104,5 @@ def use_traceable_layer_pieces(on: bool = True) -> None:
     `tp_group_or_default` in `megatron.core.tensor_parallel.layers`, `packed_rotary_pos_emb` in
     `megatron.core.transformer.attention`.
     """
-    mcore_layers.get_tensor_model_parallel_group_if_none = tp_group_or_default if on else _MCORE["tp_group"]
-    mcore_attention.apply_rotary_pos_emb = packed_rotary_pos_emb if on else _MCORE["rope"]
+    _TP_GROUP.use(tp_group_or_default, on)
+    _ROPE.use(packed_rotary_pos_emb, on)
