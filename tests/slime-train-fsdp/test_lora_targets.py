@@ -7,6 +7,9 @@ only, while SGLang was started for MLP adapters too. Models are built from confi
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
@@ -14,7 +17,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
 from slime_core.config import SlimeArgs
 from slime_core.extensions import train_backend_spec
 from slime_train_fsdp.lora import inject_lora, is_adapter
-from slime_train_fsdp.model_loading import lora_preflight
+from slime_train_fsdp.preflight import lora_preflight
 
 SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=8)  # fmt: skip
@@ -55,3 +58,18 @@ def test_preflight_refuses_them_before_anything_starts(tmp_path):
     assert lora_preflight(_cfg(str(tmp_path / "moe"), lora_target_modules=["q_proj", "k_proj", "v_proj"])) == []
     assert lora_preflight(_cfg(str(tmp_path / "dense"))) == []
     assert lora_preflight(_cfg(str(tmp_path / "moe"), lora_rank=0)) == []
+
+
+def test_the_backends_preflight_module_is_light_to_import():
+    # The driver runs it on every FSDP run: it imported model_loading (torch's DCP, transformers' model classes, the
+    # attention kernels), ~5 CPU-s of the driver's start-up spent on imports no later driver code needed.
+    code = (
+        "import sys; from slime_core.extensions import TRAIN_BACKENDS; import slime_train_fsdp.preflight\n"
+        "from slime_core.registry import resolve_path\n"
+        "resolve_path(TRAIN_BACKENDS.get('fsdp').preflight, what='fsdp preflight')\n"
+        "heavy = ['slime_train_fsdp.model_loading', 'torch.distributed.checkpoint', 'transformers.modeling_utils']\n"
+        "print([m for m in heavy if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

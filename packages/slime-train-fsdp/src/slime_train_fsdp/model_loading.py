@@ -38,10 +38,9 @@ from slime_core.config import SlimeArgs
 from slime_core.config.base import warn_once
 from slime_core.hf_names import is_vision_tower_param, to_module_name
 from slime_core.moe_experts import fuse_experts
-from slime_core.registry import Problem
 from slime_train_fsdp.attention import DEFAULT_CUDA_ATTENTION, SLIME_FLEX, SLIME_VARLEN, register_attention
 from slime_train_fsdp.logprob_head import HEADS, default_head
-from slime_train_fsdp.lora import check_targets, hf_name, initial_adapter_state, inject_lora
+from slime_train_fsdp.lora import hf_name, initial_adapter_state, inject_lora
 from slime_train_fsdp.packing import ForwardOptions, install_response_forward
 from slime_train_fsdp.vision import is_vision_language
 
@@ -57,7 +56,6 @@ __all__ = [
     "gathered_through_backward",
     "load_hf_weights_into",
     "loaded_message",
-    "lora_preflight",
     "read_hf_state_dict",
 ]
 
@@ -340,26 +338,6 @@ def _causal_lm(config: PretrainedConfig, attn: str) -> nn.Module:
         attn_arg = {"": attn, "text_config": attn, "vision_config": "sdpa"}
         return AutoModelForImageTextToText.from_config(config, attn_implementation=attn_arg, dtype=torch.float32)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
-
-
-def lora_preflight(cfg: SlimeArgs) -> list[Problem]:
-    """`--lora-target-modules` checked against the model of `--hf-checkpoint`, built on the meta device.
-
-    The trainer refuses a name no linear layer has (`lora.check_targets`), but after the engines started; this is
-    the same check before anything starts.
-
-    Returns:
-        One error naming the flag, or none (also without `--lora-rank` or a config.json: the app's checks name that).
-    """
-    if not cfg.lora_rank or not os.path.isfile(os.path.join(cfg.hf_checkpoint or "", "config.json")):
-        return []
-    with torch.device("meta"):
-        model = _causal_lm(AutoConfig.from_pretrained(cfg.hf_checkpoint), "sdpa")
-    try:
-        check_targets(model, cfg.lora_target_modules)
-    except ValueError as e:
-        return [Problem(message=str(e))]
-    return []
 
 
 def _config_fields(config: PretrainedConfig) -> str:
