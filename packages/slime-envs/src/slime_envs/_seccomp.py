@@ -61,6 +61,11 @@ DENIED = (
     # pins, up to 32,000 of each per IPC namespace (semget: 1.4 GB held with memory_mb=256 and no memory cgroup, in
     # 3 s); POSIX shared memory and memfds are files, capped by RLIMIT_FSIZE and RLIMIT_NOFILE
     "shmget", "semget", "msgget",
+    # secret memory: its pages are taken out of the kernel's direct map, splitting the 1 GiB and 2 MiB pages that map
+    # them, and the kernel never merges them back: one run with the default limits (60 memfds of 1 MiB, touched and
+    # unmapped) split 16 GiB of the host's 1 GiB direct-map pages (DirectMap1G 24 -> 8 GiB), for every process of
+    # the machine and for good
+    "memfd_secret",
     # raw hardware access (x86)
     "iopl", "ioperm", "modify_ldt", "vm86", "vm86old",
 )  # fmt: skip

@@ -201,6 +201,18 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
+def _writer(f: IO[bytes]) -> int:
+    """A write-only descriptor of `f`'s file with an open file description of its own, for the sandbox.
+
+    The status flags (`O_DIRECT`, `O_APPEND`, `O_NONBLOCK`) and the offset belong to a description, not to a
+    descriptor: had the sandbox written through the host's own, `fcntl(1, F_SETFL, O_DIRECT)` by the code made the
+    host's read of the output fail (EINVAL), a `SandboxUnavailableError` the code chose (its sample was dropped as an
+    infrastructure failure instead of scored). Opened through `/proc/self/fd` before the code exists, so a non-root
+    host's code (the file's owner) cannot `chmod` it shut first.
+    """
+    return os.open(f"/proc/self/fd/{f.fileno()}", os.O_WRONLY | os.O_CLOEXEC)
+
+
 async def _read_to_eof(fd: int, *, first: bool = False) -> bytes:
     """Reads a pipe until its writers close it (`first`: or until one byte came), cancellable, loop not blocked."""
     loop = asyncio.get_running_loop()
@@ -347,19 +359,20 @@ async def _run_python(source: bytes, config: SandboxConfig) -> SandboxResult:
         )
         _warn_ineffective(config, has_cpu_cgroup=cgroup is not None and "cpu" in cgroup.controllers, view=view)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            out_w, err_w = fds.add(_writer(out)), fds.add(_writer(err))
             # From the spawn on, every exit (a cancel at any await included) kills and reaps bubblewrap's tree.
             async with owned_bwrap(
                 argv,
                 stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
+                stdout=out_w,
+                stderr=err_w,
                 pass_fds=(*view.fds, ready_w, status_w, info_w, block_r, code_fd, seccomp_fd),
                 env={},
                 cwd="/",
                 start_new_session=True,
             ) as owned:
                 # Our copies of the child's ends: the pipes must see EOF when the sandbox closes its own.
-                fds.close(ready_w, status_w, info_w, block_r, code_fd, seccomp_fd)
+                fds.close(ready_w, status_w, info_w, block_r, code_fd, seccomp_fd, out_w, err_w)
                 timed_out, ready = await _supervise(owned, info_r, ready_r, block_w, cgroup, config, fds)
             proc = owned.proc
             assert proc is not None
