@@ -319,3 +319,19 @@ def test_a_shard_index_naming_a_file_outside_the_model_folder_is_refused(tmp_pat
         preflight(_args(data, "--hf-checkpoint", str(model)))
     index = model / "model.safetensors.index.json"
     assert str(e.value) == f"--hf-checkpoint: {index}: weight_map['lm_head.weight'] = {shard!r} {why}"
+
+
+def test_the_default_plugins_are_not_imported_by_the_driver(tmp_path, monkeypatch):
+    # They are ours and bound above; a user's plugin is still loaded and checked.
+    import slime_rollout.plugins
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    _plugin_module(tmp_path, monkeypatch, "pf_default_skip", "def rm(args, sample):\n    return 1.0\n")
+    loaded = []
+    real = slime_rollout.plugins.load_function
+    monkeypatch.setattr(
+        slime_rollout.plugins, "load_function", lambda path, **kw: loaded.append(path) or real(path, **kw)
+    )
+    preflight(_args(data, "--custom-rm-path", "pf_default_skip.rm"))
+    assert loaded == ["pf_default_skip.rm"]
