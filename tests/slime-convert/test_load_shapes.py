@@ -86,3 +86,14 @@ def test_no_tensor_data_is_read(qwen3, tmp_path, monkeypatch):
     hf_dir, _ = qwen3
     monkeypatch.setattr(hf_io.HFCheckpointReader, "get", lambda self, name: pytest.fail(f"read tensor {name}"))
     check_hf_checkpoint("--hf-checkpoint", hf_dir, ModelArgs.from_hf_dir(hf_dir), config_dir=hf_dir)
+
+
+def test_checking_an_hf_checkpoint_does_not_import_torchs_distributed_checkpoint():
+    # Every run's driver checks --hf-checkpoint here; DCP is needed only for a torch_dist checkpoint.
+    import subprocess
+    import sys
+
+    code = "import sys, slime_convert.load_shapes; print('torch.distributed.checkpoint' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

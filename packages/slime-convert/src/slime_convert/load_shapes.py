@@ -16,7 +16,6 @@ from slime_convert.hf_io import HFCheckpointReader
 from slime_convert.mapping import expand_mappings
 from slime_convert.model_args import ModelArgs
 from slime_convert.shapes import check_hf_shapes, check_torch_dist_shapes
-from slime_convert.torch_dist import TorchDistReader, resolve_iteration_dir
 
 __all__ = ["check_hf_checkpoint", "check_torch_dist_checkpoint"]
 
@@ -104,6 +103,10 @@ def check_torch_dist_checkpoint(
         ValueError: `"{flag} {path}: <key> has shape [...], expected [...]; <config> says <fields>."`.
         FileNotFoundError: no torch_dist checkpoint at `path`.
     """
+    # Here, not at the top: torch's distributed checkpoint package (~2 CPU-s of imports) is needed only for a
+    # torch_dist checkpoint, and every run's driver checks --hf-checkpoint through this module.
+    from slime_convert.torch_dist import TorchDistReader, resolve_iteration_dir
+
     ckpt = TorchDistReader(resolve_iteration_dir(path, ckpt_step))
     check_torch_dist_shapes(
         ckpt.tensor_keys(), args, ckpt_dir=ckpt.dir, origin_hf_dir=config_dir, where=f"{flag} {path}",
