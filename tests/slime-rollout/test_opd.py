@@ -16,6 +16,7 @@ from slime_core.plugins import load_function
 from slime_core.sample import Sample, Status
 from slime_rollout.generation.opd import score_teacher, teacher_log_probs_from_reply
 from slime_rollout.rewards import async_rm
+from slime_rollout.rewards.checks import RewardFunctionError
 
 ATOL = 1e-5
 TEMPERATURE = 0.8
@@ -214,6 +215,11 @@ def test_a_teacher_of_another_vocabulary_is_refused_at_its_first_reply(
         f"the OPD teacher at --rm-url {args.rm_url} does not share the student's tokenizer (--hf-checkpoint "
         f"{student_dir}): it decodes 3 of 3 response tokens of sample 0 otherwise (id "
     )
+    # The original's plugin path (reward_func) checks its first reply the same way.
+    plugin = student.model_copy(update={"custom_rm_path": "slime.rollout.on_policy_distillation.reward_func"})
+    with pytest.raises(RewardFunctionError, match=r"reward_func raised ValueError on sample 0: the OPD teacher at "
+                       r"--rm-url .* does not share the student's tokenizer"):  # fmt: skip
+        asyncio.run(async_rm(plugin, _samples()[0]))
     # The teacher's own tokenizer passes, and is checked once per teacher.
     monkeypatch.setattr(opd, "_vocabulary_checked", set())
     assert asyncio.run(score_teacher(args, _samples()[:1])) == 1

@@ -202,23 +202,32 @@ async def _score_one(args: SlimeArgs, sample: Sample, semaphore: asyncio.Semapho
     endpoint, route = _endpoint(args.rm_url)
     # One position before the response: SGLang's entry at logprob_start_len itself is always None.
     start = max(sample.prompt_length - 1, 0)
-    payload = teacher_payload(args, sample, logprob_start_len=start)
-    # The first replies of a teacher carry token texts, to compare its vocabulary with the student's.
-    check = bool(args.hf_checkpoint) and args.rm_url not in _vocabulary_checked
-    if check:
-        payload["return_text_in_logprobs"] = True
+    payload = _with_texts_until_checked(args, teacher_payload(args, sample, logprob_start_len=start))
     async with semaphore:
         reply = await endpoint.request("POST", route, payload)
     sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=start)
-    if check and args.rm_url not in _vocabulary_checked:
-        if not check_teacher_vocabulary(reply, sample, rm_url=args.rm_url, hf_checkpoint=args.hf_checkpoint):
-            logger.warning(
-                "the OPD teacher at --rm-url %s returned no token texts (return_text_in_logprobs): whether it "
-                "shares the student's tokenizer (--hf-checkpoint %s) is not checked",
-                args.rm_url,
-                args.hf_checkpoint,
-            )
-        _vocabulary_checked.add(args.rm_url)
+    _check_vocabulary_once(args, payload, reply, sample)
+
+
+def _with_texts_until_checked(args: SlimeArgs, payload: dict[str, Any]) -> dict[str, Any]:
+    """Asks for token texts (`return_text_in_logprobs`) until the teacher's vocabulary was compared once."""
+    if args.hf_checkpoint and args.rm_url not in _vocabulary_checked:
+        payload["return_text_in_logprobs"] = True
+    return payload
+
+
+def _check_vocabulary_once(args: SlimeArgs, payload: dict[str, Any], reply: dict[str, Any], sample: Sample) -> None:
+    """`check_teacher_vocabulary` on the first reply that carries texts; warns once when the teacher sends none."""
+    if not payload.get("return_text_in_logprobs") or args.rm_url in _vocabulary_checked:
+        return
+    if not check_teacher_vocabulary(reply, sample, rm_url=args.rm_url, hf_checkpoint=args.hf_checkpoint):
+        logger.warning(
+            "the OPD teacher at --rm-url %s returned no token texts (return_text_in_logprobs): whether it shares the "
+            "student's tokenizer (--hf-checkpoint %s) is not checked",
+            args.rm_url,
+            args.hf_checkpoint,
+        )
+    _vocabulary_checked.add(args.rm_url)
 
 
 async def score_teacher(args: SlimeArgs, samples: Sequence[Sample]) -> int:
@@ -260,8 +269,10 @@ async def reward_func(
     if isinstance(sample, list):
         return list(await asyncio.gather(*(reward_func(args, s, **kwargs) for s in sample)))
     endpoint, route = _endpoint(args.rm_url)
-    reply = await endpoint.request("POST", route, teacher_payload(args, sample, logprob_start_len=0))
+    payload = _with_texts_until_checked(args, teacher_payload(args, sample, logprob_start_len=0))
+    reply = await endpoint.request("POST", route, payload)
     sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=0)
+    _check_vocabulary_once(args, payload, reply, sample)
     sample.metadata["raw_reward"] = 0.0
     return reply
 
