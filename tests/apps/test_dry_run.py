@@ -398,6 +398,45 @@ def test_a_resume_with_another_lora_alpha_is_refused_before_the_run(model, tmp_p
     assert check_checkpoints(cfg("--lora-alpha", "16"))
 
 
+def test_a_lora_resume_on_other_base_weights_is_refused_naming_both(model, tmp_path):
+    # Pass 48: a LoRA checkpoint holds the adapters only; resumed with an --hf-checkpoint of other weights (same
+    # names and shapes) they loaded without a word and trained on a base they were never fitted to.
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from slime_train_fsdp.checkpoint import model_flags_of
+
+    def cfg(base, *extra):
+        return parse_args(["--rollout-batch-size", "1", "--num-rollout", "2", "--hf-checkpoint", str(base),
+                           "--train-backend", "fsdp", "--load", str(fsdp), "--lora-rank", "4", "--no-load-optim",
+                           *extra])  # fmt: skip
+
+    fsdp = tmp_path / "fsdp"
+    (fsdp / "iter_0000001").mkdir(parents=True)
+    (fsdp / "latest_checkpointed_iteration.txt").write_text("1")
+    meta = {"next_rollout_id": 1, "model_flags": model_flags_of(cfg(model))}
+    (fsdp / "iter_0000001" / "meta.json").write_text(json.dumps(meta))
+    other = tmp_path / "other-base"
+    shutil.copytree(model, other)
+    save_file({"stub.weight": torch.full((4,), 2.0)}, str(other / "model.safetensors"))  # same names, other weights
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(cfg(other))
+    assert str(e.value) == (
+        f"--load {fsdp}: iter_0000001 was saved by a run whose model had other parameters (--hf-checkpoint {model} "
+        f"saved vs {other} here: the LoRA adapters were trained on other base weights); resume with the saved run's "
+        "flags"
+    )
+    copied = tmp_path / "copied-base"
+    shutil.copytree(model, copied)
+    assert check_checkpoints(cfg(copied))  # the same weights at another path resume
+    # A checkpoint of a version that did not record its base resumes as before.
+    del meta["model_flags"]["--hf-checkpoint"]
+    (fsdp / "iter_0000001" / "meta.json").write_text(json.dumps(meta))
+    assert check_checkpoints(cfg(other))
+
+
 def test_a_checkpoint_saved_without_optimizer_state_needs_no_load_optim(model, tmp_path):
     # Issue 27: a --no-save-optim checkpoint resumed without --no-load-optim went on silently with a fresh Adam and
     # a learning-rate schedule restarting its warm-up; the original stops on it.

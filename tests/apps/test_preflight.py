@@ -335,3 +335,32 @@ def test_the_default_plugins_are_not_imported_by_the_driver(tmp_path, monkeypatc
     )
     preflight(_args(data, "--custom-rm-path", "pf_default_skip.rm"))
     assert loaded == ["pf_default_skip.rm"]
+
+
+def test_trainer_side_opd_teacher_with_another_vocabulary_of_the_same_size_is_refused(tmp_path, caplog):
+    # Pass 48: a teacher whose config.json matches but whose tokenizer maps tokens to other ids passed, and the
+    # teacher then scored every sampled id as another token.
+    import shutil
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    teacher = tmp_path / "teacher"
+    shutil.copytree(MODEL, teacher)
+    spec = json.loads((teacher / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    (a, ia), (b, ib) = sorted(vocab.items(), key=lambda kv: kv[1])[-2:]  # two ordinary tokens' ids swapped
+    vocab[a], vocab[b] = ib, ia
+    (teacher / "tokenizer.json").write_text(json.dumps(spec))
+    opd = ("--use-opd", "--opd-type", "fsdp", "--opd-kl-coef", "1.0")
+    with pytest.raises(ValueError) as e:
+        preflight(_args(data, *opd, "--opd-teacher-load", str(teacher)))
+    assert str(e.value) == (
+        f"--opd-teacher-load {teacher}: its tokenizer is not the student's (--hf-checkpoint {MODEL}): the same 32 "
+        "tokens mapped to other ids; the teacher scores the student's token ids, so it needs the same vocabulary "
+        "(a teacher of another tokenizer cannot distil token by token)"
+    )
+    # Without tokenizer files (a converted checkpoint) it cannot be checked from files: said, not silent.
+    (teacher / "tokenizer.json").unlink()
+    (teacher / "tokenizer_config.json").unlink()
+    preflight(_args(data, *opd, "--opd-teacher-load", str(teacher)))
+    assert any("has no tokenizer files" in r.getMessage() and str(teacher) in r.getMessage() for r in caplog.records)

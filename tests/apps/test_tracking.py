@@ -339,3 +339,32 @@ def test_a_new_run_in_the_folder_of_an_earlier_one_shows_only_its_own_points(tmp
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("rollout/raw_reward")] == [(0, 0.75), (1, 0.75), (2, 0.75)]
+
+
+def test_an_online_wandb_run_without_a_key_is_refused_instead_of_prompting(monkeypatch, tmp_path):
+    # Pass 48: --wandb-host without --wandb-key called wandb.login(key=None, host=...), which waits on an
+    # interactive prompt for the key on a terminal; now one line naming --wandb-key, before W&B is called.
+    from slime_app.guards import StartRefused
+
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # no netrc file: no stored key
+    flags = ("--use-wandb", "--wandb-host", "https://wb.local", "--wandb-project", "p", "--no-use-tensorboard")
+    with pytest.raises(StartRefused) as caught:
+        Tracker(_args(*flags), str(tmp_path))
+    assert str(caught.value) == (
+        "--use-wandb: no W&B API key for https://wb.local (W&B would wait on an interactive prompt for one): give "
+        "--wandb-key (or WANDB_API_KEY, or run `wandb login --host https://wb.local` once), or --wandb-mode offline"
+    )
+    assert fake.calls == []  # neither login nor init was called
+    # A key stored by `wandb login --host` (netrc), or in the environment, is used as W&B would.
+    (tmp_path / "netrc").write_text("machine wb.local\n  login user\n  password 0123456789abcdef\n")
+    Tracker(_args(*flags), str(tmp_path))
+    assert fake.calls[0] == ("login", {"key": None, "host": "https://wb.local"})
+    (tmp_path / "netrc").unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    Tracker(_args(*flags), str(tmp_path))
+    monkeypatch.delenv("WANDB_API_KEY")
+    Tracker(_args(*flags, "--wandb-mode", "offline"), str(tmp_path))  # offline never logs in

@@ -603,3 +603,14 @@ def test_num_rollout_0_with_eval_interval_is_the_original_eval_only_run():
     # to 1 (got 0)".
     args = make(num_rollout=0, eval_interval=1, eval_prompt_data=["aime", "aime.jsonl"])
     assert args.num_rollout == 0 and args.eval_interval == 1
+
+
+def test_rm_type_is_stripped_as_the_original_reads_it():
+    # Pass 48: the original's async_rm strips --rm-type; " math" from a launch script's quoting was refused here.
+    assert make(rm_type=" math").rm_type == "math"
+    assert make(rm_type="boxed_math\n").rm_type == "boxed_math"
+    assert parse_args(["--rollout-batch-size", "4", "--num-rollout", "1", "--rm-type", " dapo "]).rm_type == "dapo"
+    with pytest.raises(ConfigError, match=r"--rm-type ' ': empty"):
+        make(rm_type=" ")
+    with pytest.raises(ConfigError, match="unknown reward function 'maths'"):
+        make(rm_type=" maths")

@@ -116,7 +116,9 @@ def test_math_delimiters_are_taken_off_in_linear_work() -> None:
     assert _strip_delimiters(r"\[x\]") == "x"
     assert _strip_delimiters("$5") == "$5"
     assert _strip_delimiters("$$") == ""
-    assert rule_based_reward("math", r"So \boxed{" + "$" * n + "5" + "$" * n + "}.", "5") == 1.0
+    # Graded whole up to `GRADE_MAX_CHARS` (10,000 characters; a longer answer is not compared, counted undecided).
+    m = 4_000
+    assert rule_based_reward("math", r"So \boxed{" + "$" * m + "5" + "$" * m + "}.", "5") == 1.0
 
 
 # `\frac` with a command as an unbraced argument, as TeX reads it.

@@ -495,3 +495,46 @@ def test_to_dict_of_a_sample_with_pil_images_is_json_and_round_trips():
     assert uri.startswith("data:image/png;base64,")
     image = multimodal.decode_image(uri)
     assert image.size == (7, 3) and image.getpixel((6, 2)) == (9, 8, 7)
+
+
+def _png16(values) -> bytes:
+    """A 16-bit grayscale PNG (Pillow opens it as mode "I;16") of `values` (uint16 rows)."""
+    import numpy as np
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.array(values, dtype=np.uint16)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_a_16_bit_grayscale_image_is_scaled_to_8_bits_not_clipped():
+    # Pass 48: Pillow's RGB conversion (and so transformers' convert_to_rgb) clips 16-bit values at 255, so a
+    # 16-bit scan came out all white; scaled as a viewer shows it, round(v * 255 / 65535).
+    import numpy as np
+    from PIL import Image
+
+    raw = _png16([[0, 257, 1000, 32768, 65535]])
+    image = multimodal.decode_image(multimodal.normalize_image(raw, base_dir=None, where="row 1"))
+    assert image.mode == "RGB"
+    assert np.asarray(image)[0, :, 0].tolist() == [0, 1, 4, 128, 255]  # was [0, 255, 255, 255, 255]
+    assert (np.asarray(image)[..., 0] == np.asarray(image)[..., 2]).all()  # gray: the three channels agree
+    # A plugin's PIL image of that mode is sent the same way.
+    pil = Image.open(io.BytesIO(raw))
+    sample = Sample(index=0, multimodal_inputs={"images": [pil]})
+    (uri,) = multimodal.sample_images(sample)
+    assert np.asarray(multimodal.decode_image(uri))[0, :, 0].tolist() == [0, 1, 4, 128, 255]
+    # 8-bit images are converted as before.
+    assert np.asarray(multimodal.to_rgb(Image.new("L", (1, 1), 200)))[0, 0].tolist() == [200, 200, 200]
+
+
+def test_base64_wrapped_over_lines_is_accepted():
+    # Pass 48: base64 as the `base64` CLI writes it (76 columns, newlines) was refused as "neither a file nor
+    # base64"; the standard decoder accepts it once the line breaks are taken out.
+    raw = _png16([[0, 65535] * 40] * 3)
+    wrapped = base64.encodebytes(raw).decode("ascii")  # 76-column lines, as the CLI writes them
+    assert "\n" in wrapped.strip()
+    expected = multimodal.normalize_image(raw, base_dir=None, where="row 1")
+    assert multimodal.normalize_image(wrapped, base_dir=None, where="row 1") == expected
+    assert multimodal.normalize_image("data:image/png;base64," + wrapped, base_dir=None, where="row 1") == expected
+    with pytest.raises(ValueError, match="row 1: image .* is neither an existing file"):
+        multimodal.normalize_image("not\nbase64!", base_dir=None, where="row 1")

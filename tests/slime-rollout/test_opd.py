@@ -16,6 +16,7 @@ from slime_core.plugins import load_function
 from slime_core.sample import Sample, Status
 from slime_rollout.generation.opd import score_teacher, teacher_log_probs_from_reply
 from slime_rollout.rewards import async_rm
+from slime_rollout.rewards.checks import RewardFunctionError
 
 ATOL = 1e-5
 TEMPERATURE = 0.8
@@ -186,3 +187,60 @@ def test_a_non_finite_or_malformed_teacher_entry_is_refused_with_its_sample():
     bare = {"meta_info": {"input_token_logprobs": [None, -0.5, -0.25]}}
     with pytest.raises(ValueError, match=r"sample 7: the teacher's input_token_logprobs entry of response token 0 is "):
         teacher_log_probs_from_reply(bare, sample, logprob_start_len=1)
+
+
+def test_a_teacher_of_another_vocabulary_is_refused_at_its_first_reply(
+    args, qwen3_tokenizer_dir, tmp_path, monkeypatch
+):
+    # Pass 48: a teacher engine of another tokenizer scored the student's ids as other tokens, silently. Here the
+    # student's tokenizer has Qwen3's tokens and size with the ids reversed; the teacher serves Qwen3's own.
+    import json
+    import shutil
+
+    from slime_rollout.generation import opd
+
+    student_dir = tmp_path / "student"
+    shutil.copytree(qwen3_tokenizer_dir, student_dir)
+    spec = json.loads((student_dir / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    top = max(vocab.values())
+    spec["model"]["vocab"] = {token: top - i for token, i in vocab.items()}
+    (student_dir / "tokenizer.json").write_text(json.dumps(spec))
+
+    monkeypatch.setattr(opd, "_vocabulary_checked", set(), raising=False)
+    student = args.model_copy(update={"hf_checkpoint": str(student_dir)})
+    with pytest.raises(ValueError) as e:
+        asyncio.run(score_teacher(student, _samples()[:1]))
+    assert str(e.value).startswith(
+        f"the OPD teacher at --rm-url {args.rm_url} does not share the student's tokenizer (--hf-checkpoint "
+        f"{student_dir}): it decodes 3 of 3 response tokens of sample 0 otherwise (id "
+    )
+    # The original's plugin path (reward_func) checks its first reply the same way.
+    plugin = student.model_copy(update={"custom_rm_path": "slime.rollout.on_policy_distillation.reward_func"})
+    with pytest.raises(RewardFunctionError, match=r"reward_func raised ValueError on sample 0: the OPD teacher at "
+                       r"--rm-url .* does not share the student's tokenizer"):  # fmt: skip
+        asyncio.run(async_rm(plugin, _samples()[0]))
+    # The teacher's own tokenizer passes, and is checked once per teacher.
+    monkeypatch.setattr(opd, "_vocabulary_checked", set())
+    assert asyncio.run(score_teacher(args, _samples()[:1])) == 1
+    assert opd._vocabulary_checked == {args.rm_url}
+
+
+def test_the_vocabulary_check_reads_token_texts(tiny_qwen3_dir):
+    from slime_rollout.data.tokenizer import get_tokenizer
+    from slime_rollout.generation.opd import check_teacher_vocabulary
+
+    tok = get_tokenizer(str(tiny_qwen3_dir))
+    sample = Sample(tokens=[1, 2, 3, 4, 5], response_length=3, index=9)
+    same = {"meta_info": {"input_token_logprobs": [[None, 2, "x"]] + [[-1.0, t, tok.decode([t])] for t in (3, 4, 5)]}}
+    assert check_teacher_vocabulary(same, sample, rm_url="u", hf_checkpoint=str(tiny_qwen3_dir)) is True
+    # One token decoded otherwise of three is not another vocabulary; two are.
+    one = {
+        "meta_info": {"input_token_logprobs": [[-1.0, 3, "?"], [-1.0, 4, tok.decode([4])], [-1.0, 5, tok.decode([5])]]}
+    }
+    assert check_teacher_vocabulary(one, sample, rm_url="u", hf_checkpoint=str(tiny_qwen3_dir)) is True
+    two = {"meta_info": {"input_token_logprobs": [[-1.0, 3, "?"], [-1.0, 4, "!"], [-1.0, 5, tok.decode([5])]]}}
+    with pytest.raises(ValueError, match=r"decodes 2 of 3 response tokens of sample 9 otherwise \(id 3: teacher '\?'"):
+        check_teacher_vocabulary(two, sample, rm_url="u", hf_checkpoint=str(tiny_qwen3_dir))
+    no_text = {"meta_info": {"input_token_logprobs": [[-1.0, t, None] for t in (3, 4, 5)]}}
+    assert check_teacher_vocabulary(no_text, sample, rm_url="u", hf_checkpoint=str(tiny_qwen3_dir)) is False

@@ -549,3 +549,35 @@ def test_an_eval_config_rm_type_is_the_one_its_rows_are_checked_against(tmp_path
         _errors(_cfg(train, "--rm-type", "math", "--eval-prompt-data", "mixed", str(rows), "--eval-interval", "1"))
         == []
     )
+
+
+def test_an_eval_config_dataset_with_images_gets_the_flags_checks(tmp_path):
+    # Pass 48: an --eval-config dataset's own multimodal_keys on a run without --multimodal-keys skipped the
+    # checkpoint's image-processor check and the backend's (the first eval then failed on a text-only model).
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(tmp_path / "ok.png")
+    data = _write(tmp_path / "d.jsonl", {"prompt": "1+1=", "label": "2"})
+    evals = _write(tmp_path / "e.jsonl", {"prompt": "<image>How many?", "label": "2", "images": ["ok.png"]})
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  datasets:\n    - {{name: v, path: {evals}, multimodal_keys: {{image: images}}}}\n")
+    model = _vlm_dir(tmp_path)
+    flags = (
+        "--hf-checkpoint",
+        str(model),
+        "--apply-chat-template",
+        "--eval-config",
+        str(config),
+        "--eval-interval",
+        "1",
+    )
+    assert _errors(_cfg(data, *flags)) == []  # a vision-language checkpoint: its images are checked and pass
+    (model / "processor_config.json").unlink()
+    (error,) = [p for p in check(_cfg(data, *flags)) if p.severity == "error"]
+    assert error.exception is FileNotFoundError
+    assert error.message == (
+        f"--eval-config {config} dataset 'v' multimodal_keys: --hf-checkpoint {model} has no preprocessor_config.json "
+        "(no image processor: not a vision-language checkpoint)"
+    )
+    (lora,) = _errors(_cfg(data, *flags, "--lora-rank", "8"))
+    assert lora.startswith(f"--eval-config {config} dataset 'v' multimodal_keys with --lora-rank 8: LoRA on vision")

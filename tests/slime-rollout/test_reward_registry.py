@@ -14,6 +14,7 @@ from slime_core.extensions import REWARDS, RewardSpec
 from slime_core.registry import source_entry_points
 from slime_core.sample import Sample
 from slime_rollout.rewards import async_rm, rule_based_reward
+from slime_rollout.rewards.checks import RewardFunctionError
 
 SEEN: list[tuple] = []
 
@@ -110,3 +111,41 @@ def test_the_builtin_graders_are_found_from_source_without_metadata(monkeypatch)
     finally:
         monkeypatch.undo()
         REWARDS.refresh()
+
+
+def broken(response, label, metadata, boxed):
+    """A grader with a bug: a KeyError on every response (as `metadata["choices"]` on a row without it)."""
+    return {}["choices"]
+
+
+async def broken_pooled(response, label, metadata, boxed, *, num_workers, sample_index):
+    raise RuntimeError("worker state lost")
+
+
+async def test_a_grader_raising_anything_names_itself_and_the_sample():
+    # Pass 48: only a ValueError was re-raised naming the sample; a KeyError or RuntimeError from a grader reached
+    # the rollout bare ("KeyError: 'choices'"), naming neither the grader nor the sample.
+    specs = [
+        RewardSpec(name="broken", grader=broken),
+        RewardSpec(name="broken_pool", grader=f"{__name__}:broken", pooled_grader=broken_pooled),
+    ]
+    for spec in specs:
+        REWARDS.register(spec)
+    try:
+        sample = Sample(response="seven", label="7", index=12)
+        with pytest.raises(RewardFunctionError) as e:
+            await async_rm(_args(rm_type="broken"), sample)
+        assert str(e.value) == (
+            f"--rm-type broken grader {__name__}:broken raised KeyError on sample 12 (label '7', response 'seven'): "
+            "'choices'"
+        )
+        assert isinstance(e.value.__cause__, KeyError)
+        with pytest.raises(
+            RewardFunctionError,
+            match=r"^--rm-type boxed_broken_pool grader "
+            rf"{__name__}:broken_pooled raised RuntimeError on sample 12 .*: worker state lost$",
+        ):
+            await async_rm(_args(rm_type="boxed_broken_pool"), sample)
+    finally:
+        for spec in specs:
+            REWARDS.unregister(spec.name)

@@ -436,7 +436,7 @@ def _check_hf_weights(cfg: SlimeArgs) -> None:
 
 
 def _check_opd_teacher(cfg: SlimeArgs) -> None:
-    """A trainer-side OPD teacher given as an HF directory must have the student's architecture (config.json).
+    """A trainer-side OPD teacher given as an HF directory must have the student's architecture and tokenizer.
 
     Torch-dist and FSDP checkpoints carry no config.json; their shapes are checked when they load.
 
@@ -455,6 +455,44 @@ def _check_opd_teacher(cfg: SlimeArgs) -> None:
             f"--opd-teacher-load {cfg.opd_teacher_load}: the trainer-side teacher must have the student's "
             f"(--hf-checkpoint) architecture; config.json differs in {'; '.join(differ)} (a teacher of another "
             "architecture can be served by an engine: --opd-type sglang)"
+        )
+    _check_teacher_vocabulary(cfg)
+
+
+def _check_teacher_vocabulary(cfg: SlimeArgs) -> None:
+    """The trainer-side teacher reads the student's token ids: its tokenizer must map text to the same ids.
+
+    A teacher of the same vocabulary size but another vocabulary passed the config.json check and scored every
+    sampled id as some other token (training on nonsense). Checked where the teacher's folder has tokenizer files;
+    one without them is said once in the log.
+
+    Raises:
+        ValueError: naming both paths, the vocabulary sizes and whether the token-to-id maps differ.
+    """
+    from slime_rollout.data.tokenizer import has_tokenizer_files, vocabulary_fingerprint
+
+    if not has_tokenizer_files(cfg.opd_teacher_load):
+        logger.warning(
+            "--opd-teacher-load %s has no tokenizer files: whether the teacher shares the student's vocabulary "
+            "(--hf-checkpoint %s) is not checked",
+            cfg.opd_teacher_load,
+            cfg.hf_checkpoint,
+        )
+        return
+    (student_size, student), (teacher_size, teacher) = (
+        vocabulary_fingerprint(cfg.hf_checkpoint),
+        vocabulary_fingerprint(cfg.opd_teacher_load),
+    )
+    if student != teacher:
+        how = (
+            f"{teacher_size:,} tokens vs the student's {student_size:,}"
+            if teacher_size != student_size
+            else f"the same {teacher_size:,} tokens mapped to other ids"
+        )
+        raise ValueError(
+            f"--opd-teacher-load {cfg.opd_teacher_load}: its tokenizer is not the student's (--hf-checkpoint "
+            f"{cfg.hf_checkpoint}): {how}; the teacher scores the student's token ids, so it needs the same "
+            "vocabulary (a teacher of another tokenizer cannot distil token by token)"
         )
 
 

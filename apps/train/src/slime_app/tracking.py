@@ -9,9 +9,11 @@ from __future__ import annotations
 import glob
 import logging
 import math
+import netrc
 import os
 import re
 import threading
+import urllib.parse
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping
@@ -128,6 +130,30 @@ def wandb_login_kwargs(cfg: SlimeArgs) -> dict[str, Any] | None:
     return {"key": cfg.wandb_key, "host": cfg.wandb_host}
 
 
+_DEFAULT_WANDB_HOST = "https://api.wandb.ai"
+
+
+def wandb_key_source(cfg: SlimeArgs) -> str | None:
+    """Where an online W&B run gets its API key, or None when it has none and W&B would prompt for one.
+
+    wandb.login / wandb.init without a key wait on an interactive prompt on a terminal (a launch script in tmux
+    hung there) and fail without one. The key comes from `--wandb-key`, the `WANDB_API_KEY` variable, or the netrc
+    entry `wandb login` writes for the host (`--wandb-host`, else `WANDB_BASE_URL`, else W&B's cloud).
+    """
+    if cfg.wandb_key:
+        return "--wandb-key"
+    if os.environ.get("WANDB_API_KEY"):
+        return "WANDB_API_KEY"
+    host = cfg.wandb_host or os.environ.get("WANDB_BASE_URL") or _DEFAULT_WANDB_HOST
+    machine = urllib.parse.urlsplit(host if "//" in host else f"//{host}").hostname or host
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        entry = netrc.netrc(path).authenticators(machine)
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return f"{path} ({machine})" if entry and entry[2] else None
+
+
 class Tracker:
     """Collects metrics per rollout step and writes them to TensorBoard / W&B.
 
@@ -143,7 +169,8 @@ class Tracker:
 
     Raises:
         ValueError: `--use-wandb` without the `wandb` package.
-        StartRefused: W&B refused the login or did not start the run (`_start_wandb`).
+        StartRefused: an online run without an API key (`wandb_key_source`: W&B would prompt for one), or W&B
+            refused the login or did not start the run (`_start_wandb`).
     """
 
     def __init__(self, cfg: SlimeArgs, output_dir: str, progress: RunProgress | None = None):
@@ -164,6 +191,14 @@ class Tracker:
                 import wandb
             except ImportError:
                 raise ValueError("--use-wandb: the `wandb` package is not installed (pip install wandb)") from None
+            mode = cfg.wandb_mode or os.environ.get("WANDB_MODE")
+            if mode not in ("offline", "disabled", "dryrun") and wandb_key_source(cfg) is None:
+                host = cfg.wandb_host or os.environ.get("WANDB_BASE_URL") or _DEFAULT_WANDB_HOST
+                raise StartRefused(
+                    f"--use-wandb: no W&B API key for {host} (W&B would wait on an interactive prompt for one): give "
+                    "--wandb-key (or WANDB_API_KEY, or run `wandb login"
+                    f"{' --host ' + cfg.wandb_host if cfg.wandb_host else ''}` once), or --wandb-mode offline"
+                )
             login = wandb_login_kwargs(cfg)
             init = wandb_init_kwargs(cfg, suffix=uuid.uuid4().hex[:8])
             if "dir" in init:

@@ -19,7 +19,8 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from slime_core.config.base import field_to_flag
+from slime_core.config.base import ConfigError, field_to_flag
+from slime_core.config.validation_multimodal import check_multimodal
 from slime_core.extensions import REWARDS, RewardSpec
 from slime_core.registry import Problem, UnknownNameError
 from slime_rollout.data import multimodal
@@ -87,6 +88,8 @@ def check(cfg: SlimeArgs) -> list[Problem]:
         # Not type(e): a subclass such as UnicodeDecodeError cannot be built from one message.
         problems.append(Problem(message=str(e), exception=FileNotFoundError if isinstance(e, OSError) else ValueError))
     for flag, spec, file_cfg, key_flags, rm_type_override in files:
+        if file_cfg.multimodal_keys and file_cfg.multimodal_keys != cfg.multimodal_keys:
+            problems += _own_multimodal_keys(cfg, file_cfg.multimodal_keys, f"{flag} multimodal_keys")
         try:
             rm_types = _check_rows(spec, file_cfg, flag, key_flags, rm_type_override)
             problems += row_reward_problems(file_cfg, rm_types, f"{flag} {spec}", evaluation=flag != "--prompt-data",
@@ -313,14 +316,28 @@ def _has_chat_template(model_dir: str) -> bool:
         return bool(json.load(f).get("chat_template"))
 
 
-def _image_processor(cfg: SlimeArgs) -> list[Problem]:
-    if not (cfg.multimodal_keys and cfg.hf_checkpoint) or _has_image_processor(cfg.hf_checkpoint):
+def _image_processor(cfg: SlimeArgs, keys: Any = None, flag: str = "--multimodal-keys") -> list[Problem]:
+    """`--hf-checkpoint` has an image processor when `keys` (default: the flag's) name an image column."""
+    keys = cfg.multimodal_keys if keys is None else keys
+    if not (keys and cfg.hf_checkpoint) or _has_image_processor(cfg.hf_checkpoint):
         return []
     message = (
-        f"--multimodal-keys: --hf-checkpoint {cfg.hf_checkpoint} has no preprocessor_config.json "
+        f"{flag}: --hf-checkpoint {cfg.hf_checkpoint} has no preprocessor_config.json "
         "(no image processor: not a vision-language checkpoint)"
     )
     return [Problem(message=message, exception=FileNotFoundError)]
+
+
+def _own_multimodal_keys(cfg: SlimeArgs, keys: dict[str, str], flag: str) -> list[Problem]:
+    """An eval dataset's own `multimodal_keys` get the flag's checks: the checkpoint's processor and the backend.
+
+    On a run without `--multimodal-keys` they were skipped: a text-only checkpoint failed at the first eval.
+    """
+    try:
+        check_multimodal(cfg, keys=keys, flag=flag)
+    except ConfigError as e:
+        return [Problem(message=str(e))]
+    return _image_processor(cfg, keys, flag)
 
 
 def _has_image_processor(model_dir: str) -> bool:

@@ -57,6 +57,7 @@ from slime_core.checkpoint_dirs import (
 )
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
 from slime_core.error_text import first_rank_error, first_sentence
+from slime_train_fsdp.base_weights import weights_fingerprint
 from slime_train_fsdp.lora import is_adapter
 from slime_train_fsdp.lr_schedule import load_scheduler_state
 
@@ -279,21 +280,47 @@ def _read(
 
 
 def model_flag_mismatches(meta: dict[str, Any], model_flags: dict[str, Any]) -> list[str]:
-    """`"--flag saved vs here"` for each model flag of `meta.json` that differs from this run's (none recorded: [])."""
+    """`"--flag saved vs here"` for each model flag of `meta.json` that differs from this run's (none recorded: []).
+
+    A LoRA run's `--hf-checkpoint` (its frozen base) is compared by its weights' fingerprint and named by its paths.
+    """
     saved = meta.get("model_flags") or {}
+    differ = []
     # Flags only one side has (the target modules of a LoRA run against a full fine-tune) follow from one that both
     # have (--lora-rank).
-    return [f"{flag} {saved[flag]} saved vs {model_flags[flag]} here" for flag in saved
-            if flag in model_flags and saved[flag] != model_flags[flag]]  # fmt: skip
+    for flag in saved:
+        if flag not in model_flags or saved[flag] == model_flags[flag]:
+            continue
+        if flag == _BASE_FLAG:
+            mine, theirs = model_flags[flag], saved[flag]
+            if not (isinstance(theirs, dict) and mine.get("fingerprint") and theirs.get("fingerprint")):
+                continue  # one side has no safetensors to fingerprint: nothing to compare
+            if mine["fingerprint"] != theirs["fingerprint"]:
+                differ.append(
+                    f"--hf-checkpoint {theirs.get('path')} saved vs {mine['path']} here: the LoRA adapters were "
+                    "trained on other base weights"
+                )
+            continue
+        differ.append(f"{flag} {saved[flag]} saved vs {model_flags[flag]} here")
+    return differ
+
+
+_BASE_FLAG = "--hf-checkpoint"
 
 
 def model_flags_of(cfg: Any) -> dict[str, Any]:
-    """The flags that decide the FSDP model's parameters and what they compute (LoRA or not, its modules and scale)."""
+    """The flags that decide the FSDP model's parameters and what they compute (LoRA or not, its modules and scale).
+
+    A LoRA run also records its frozen base (`--hf-checkpoint`: its path and `base_weights.weights_fingerprint`):
+    the checkpoint holds only the adapters, which resumed on another base train on weights they were not fitted to.
+    """
     if not cfg.lora_rank:
         return {"--lora-rank": 0}
+    base = os.path.abspath(cfg.hf_checkpoint) if cfg.hf_checkpoint else None
     # alpha scales the saved adapter: resumed under another value, the model would silently be another one.
     return {"--lora-rank": cfg.lora_rank, "--lora-alpha": float(cfg.lora_alpha),
-            "--lora-target-modules": sorted(cfg.lora_target_modules)}  # fmt: skip
+            "--lora-target-modules": sorted(cfg.lora_target_modules),
+            _BASE_FLAG: {"path": base, "fingerprint": weights_fingerprint(base) if base else None}}  # fmt: skip
 
 
 def load_checkpoint(

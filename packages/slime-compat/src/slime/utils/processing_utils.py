@@ -95,13 +95,14 @@ def encode_image_for_rollout_engine(image: Any) -> str:
     """An image as an RGB PNG `data:image/png;base64,...` URI (for `image_data` and `Sample.multimodal_inputs`).
 
     Args:
-        image: a `PIL.Image` (any mode; converted to RGB), or a path / `data:` URI / base64 string / bytes.
+        image: a `PIL.Image` (any mode; converted to RGB, 16-bit grayscale scaled to 8 bits), or a path / `data:`
+            URI / base64 string / bytes.
 
     Raises:
         ValueError: the image cannot be read (a URL, a missing file, bytes that are no image).
     """
     pil = _pil(image, "encode_image_for_rollout_engine")
-    return multimodal.png_data_uri(pil if pil.mode == "RGB" else pil.convert("RGB"))
+    return multimodal.png_data_uri(multimodal.to_rgb(pil))
 
 
 def _image_parts(messages: Any) -> list[Any]:
@@ -138,5 +139,5 @@ def process_vision_info(prompt: Any, processor: Any) -> dict[str, Any]:
             fetched).
     """
     values = [] if isinstance(prompt, str) else _image_parts(prompt)
-    images = [_pil(v, f"process_vision_info image {i + 1}").convert("RGB") for i, v in enumerate(values)]
+    images = [multimodal.to_rgb(_pil(v, f"process_vision_info image {i + 1}")) for i, v in enumerate(values)]
     return {"images": multimodal.resize_to_processor(processor, images) or None, "videos": None}

@@ -214,9 +214,14 @@ class RewardArgs(ArgsGroup):
     @field_validator("rm_type")
     @classmethod
     def _registered_reward(cls, value: str | None) -> str | None:
-        if value is not None:
-            check_registered(value.removeprefix("boxed_"), group="slime.rewards", flag="--rm-type")
-        return value
+        if value is None:
+            return None
+        # Stripped, as the original's async_rm reads it (`(... or args.rm_type or "").strip()`): " math" is math.
+        name = value.strip()
+        if not name:
+            raise ConfigError(f"--rm-type {value!r}: empty; name a reward function or leave the flag out")
+        check_registered(name.removeprefix("boxed_"), group="slime.rewards", flag="--rm-type")
+        return name
 
     rm_num_workers: int = arg(
         4, "Processes that grade math answers symbolically; 0 grades inline on the rollout's event loop.", ge=0

@@ -21,35 +21,42 @@ __all__ = ["SUPPORTED_MEDIA", "check_multimodal", "check_multimodal_keys"]
 SUPPORTED_MEDIA = ("image",)
 
 
-def check_multimodal(args: SlimeArgs) -> None:
+def check_multimodal(args: SlimeArgs, *, keys: Any = None, flag: str = "--multimodal-keys") -> None:
     """Checks the multimodal flags against each other and the backend.
+
+    Args:
+        args: the run config.
+        keys: the `multimodal_keys` to check, when not the flag's (an `--eval-config` dataset's own, on a run whose
+            training prompts may have none: its images meet the same model and backend).
+        flag: what set `keys`, for the messages.
 
     Raises:
         ConfigError: an unsupported media type or empty column name, `--multimodal-keys` without
             `--apply-chat-template`, with `--train-backend megatron`, with `--lora-rank`, or with FSDP context
             parallelism; `--freeze-vision-tower` on the Megatron backend.
     """
-    keys = args.multimodal_keys
-    if args.freeze_vision_tower and not train_backend_spec(args).supports_multimodal:
-        raise ConfigError(
-            "--freeze-vision-tower is an FSDP option (vision-language models train on --train-backend fsdp)"
-        )
+    if keys is None:
+        keys = args.multimodal_keys
+        if args.freeze_vision_tower and not train_backend_spec(args).supports_multimodal:
+            raise ConfigError(
+                "--freeze-vision-tower is an FSDP option (vision-language models train on --train-backend fsdp)"
+            )
     if not keys:
         return
-    check_multimodal_keys(keys, flag="--multimodal-keys", apply_chat_template=args.apply_chat_template)
+    check_multimodal_keys(keys, flag=flag, apply_chat_template=args.apply_chat_template)
     if not train_backend_spec(args).supports_multimodal:
         raise ConfigError(
-            "--multimodal-keys: the Megatron backend builds text-only GPT models; train vision-language models with "
+            f"{flag}: the Megatron backend builds text-only GPT models; train vision-language models with "
             "--train-backend fsdp"
         )
     if args.lora_rank:
         raise ConfigError(
-            f"--multimodal-keys with --lora-rank {args.lora_rank}: LoRA on vision-language models is not implemented; "
+            f"{flag} with --lora-rank {args.lora_rank}: LoRA on vision-language models is not implemented; "
             "train the full model (--freeze-vision-tower keeps the tower fixed)"
         )
     if args.context_parallel_size > 1:
         raise ConfigError(
-            f"--multimodal-keys with --context-parallel-size {args.context_parallel_size}: vision inputs are not "
+            f"{flag} with --context-parallel-size {args.context_parallel_size}: vision inputs are not "
             "split over context-parallel ranks; use --context-parallel-size 1"
         )
 

@@ -61,6 +61,7 @@ __all__ = [
     "normalize_images",
     "png_data_uri",
     "prepare_vision_prompt",
+    "to_rgb",
     "resize_to_processor",
     "sample_images",
     "vision_token_ids",
@@ -138,7 +139,7 @@ def normalize_image(value: Any, *, base_dir: pathlib.Path | None, where: str) ->
         if candidate.is_file():
             return str(candidate.resolve())
     try:
-        raw = base64.b64decode(value, validate=True)
+        raw = base64.b64decode(_without_whitespace(value), validate=True)
     except (binascii.Error, ValueError):
         tried = ", ".join(str(c) for c in candidates) or "none"
         raise ValueError(
@@ -147,9 +148,14 @@ def normalize_image(value: Any, *, base_dir: pathlib.Path | None, where: str) ->
     return _data_uri(raw, where)
 
 
+def _without_whitespace(text: str) -> str:
+    """Base64 text without its line breaks and spaces (the `base64` CLI wraps at 76 columns, MIME at 76)."""
+    return "".join(text.split())
+
+
 def _b64decode(text: str, where: str) -> bytes:
     try:
-        return base64.b64decode(text, validate=True)
+        return base64.b64decode(_without_whitespace(text), validate=True)
     except (binascii.Error, ValueError):
         raise ValueError(f"{where}: the data: URI does not hold valid base64 ({text[:40]!r}...)") from None
 
@@ -185,11 +191,32 @@ def decode_image(image: str) -> Any:
         source: Any = io.BytesIO(base64.b64decode(image.split(",", 1)[1])) if image.startswith("data:") else image
         with Image.open(source) as img:
             img.load()
-            return img.convert("RGB")
+            return to_rgb(img)
     except Image.DecompressionBombError as e:
         raise ValueError(f"image {name}: {_too_large(e)}") from None
     except (UnidentifiedImageError, OSError, binascii.Error, ValueError) as e:
         raise ValueError(f"image {name}: cannot be decoded ({e})") from None
+
+
+# Pillow's modes of 16-bit grayscale (a 16-bit PNG or TIFF opens as "I;16"), whose values run 0..65535.
+_GRAY16_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+
+
+def to_rgb(image: Any) -> Any:
+    """A `PIL.Image` in RGB; 16-bit grayscale scaled to 8 bits first (`round(v * 255 / 65535)`), as viewers show it.
+
+    Pillow's (and so transformers' `convert_to_rgb`, the original's `qwen_vl_utils.to_rgb`) conversion of a 16-bit
+    image clips every value above 255: a typical 16-bit scan came out all white. Other modes convert as Pillow does.
+    """
+    if image.mode == "RGB":
+        return image
+    if image.mode in _GRAY16_MODES:
+        import numpy as np
+        from PIL import Image
+
+        values = np.asarray(image, dtype=np.uint32)
+        return Image.fromarray(((values * 255 + 32767) // 65535).astype(np.uint8)).convert("RGB")
+    return image.convert("RGB")
 
 
 def _too_large(error: Exception) -> str:
@@ -334,7 +361,7 @@ def sample_images(sample: Any) -> list[str]:
         if isinstance(image, str):
             out.append(image)
         elif callable(getattr(image, "save", None)) and hasattr(image, "mode"):  # a PIL.Image
-            out.append(png_data_uri(image if image.mode == "RGB" else image.convert("RGB")))
+            out.append(png_data_uri(to_rgb(image)))
         else:
             out.append(normalize_image(image, base_dir=None, where=f"sample {sample.index} image {i + 1}"))
     return out

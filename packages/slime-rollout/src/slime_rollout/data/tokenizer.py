@@ -6,11 +6,14 @@ Importable from `slime_rollout.data.source` too, where generate functions and th
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
+import os
 import threading
 from typing import Any
 
-__all__ = ["TOKENIZER_FILES", "get_tokenizer", "prefetch_tokenizer"]
+__all__ = ["TOKENIZER_FILES", "get_tokenizer", "has_tokenizer_files", "prefetch_tokenizer", "vocabulary_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,3 +58,22 @@ def prefetch_tokenizer(path: str) -> threading.Thread:
 
 # Files a Hugging Face tokenizer is read from; a checkpoint directory holds at least one of them.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def has_tokenizer_files(path: str) -> bool:
+    """Whether the directory `path` holds any of `TOKENIZER_FILES` (a torch_dist checkpoint holds none)."""
+    return any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES)
+
+
+def vocabulary_fingerprint(path: str) -> tuple[int, str]:
+    """`(size, sha256)` of the tokenizer at `path`: its token count and a hash of its `token -> id` mapping.
+
+    Two tokenizers that turn text into the same ids have the same fingerprint; one of the same size with other
+    ids (a retrained or permuted vocabulary) does not. Special tokens added on top (`added_tokens`) are part of it.
+
+    Raises:
+        ValueError: the tokenizer is empty (`get_tokenizer`).
+    """
+    vocab = get_tokenizer(path).get_vocab()
+    digest = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode()).hexdigest()
+    return len(vocab), digest

@@ -33,7 +33,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.config.opd import builtin_teacher_scoring
+from slime_core.error_text import preview
 from slime_core.sample import Sample, Status
+from slime_rollout.data.tokenizer import get_tokenizer
 from slime_rollout.engines.transport import HttpEndpoint
 
 if TYPE_CHECKING:
@@ -41,11 +43,20 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["post_process_rewards", "reward_func", "score_teacher", "teacher_log_probs_from_reply", "teacher_payload"]
+__all__ = [
+    "check_teacher_vocabulary",
+    "post_process_rewards",
+    "reward_func",
+    "score_teacher",
+    "teacher_log_probs_from_reply",
+    "teacher_payload",
+]
 
 _TIMEOUT_S = 600.0  # read timeout of one scoring request (a long sample on a busy teacher)
 _CONCURRENCY = 256  # scoring requests in flight per rollout
 _endpoints: dict[str, tuple[HttpEndpoint, str]] = {}
+# Teachers (`--rm-url`) whose token texts were compared with the student's tokenizer (`check_teacher_vocabulary`).
+_vocabulary_checked: set[str] = set()
 
 
 def _endpoint(url: str) -> tuple[HttpEndpoint, str]:
@@ -143,13 +154,80 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
     return values
 
 
+def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: str, hf_checkpoint: str) -> bool:
+    """Whether the teacher decodes the response's ids as the student's tokenizer does; raises where it does not.
+
+    The teacher engine scores the student's token ids: one of another vocabulary (even of the same size) scores
+    each id as some other token, and the run trains on nonsense. The teacher is only a URL here, so its tokenizer
+    is compared through its reply: asked with SGLang's `return_text_in_logprobs`, each entry carries the token's
+    text decoded alone, compared with `--hf-checkpoint`'s decoding of the same id (ids SGLang clipped to 0 are
+    skipped). More than half of them differing is another vocabulary (one tokenizer gives none).
+
+    Args:
+        reply: the teacher's `/generate` reply (`meta_info.input_token_logprobs` entries `[logprob, id, text]`).
+        sample: the scored sample.
+        rm_url: the teacher's URL, named in the error.
+        hf_checkpoint: the student's tokenizer path.
+
+    Returns:
+        True when compared; False when the reply has no token texts (a server that ignores the field).
+
+    Raises:
+        ValueError: naming both, the sample and the first token decoded differently.
+    """
+    entries = list((reply.get("meta_info") or {}).get("input_token_logprobs") or [])
+    n = sample.response_length
+    tail = entries[len(entries) - n :] if n else []
+    pairs = [
+        (int(e[1]), e[2])
+        for e in tail
+        if isinstance(e, (list, tuple)) and len(e) >= 3 and isinstance(e[2], str) and e[1] not in (0, None)
+    ]
+    if not pairs:
+        return False
+    tokenizer = get_tokenizer(hf_checkpoint)
+    differ = [(i, text, tokenizer.decode([i])) for i, text in pairs if tokenizer.decode([i]) != text]
+    if 2 * len(differ) > len(pairs):
+        token, teacher, student = differ[0]
+        raise ValueError(
+            f"the OPD teacher at --rm-url {rm_url} does not share the student's tokenizer (--hf-checkpoint "
+            f"{hf_checkpoint}): it decodes {len(differ)} of {len(pairs)} response tokens of sample {sample.index} "
+            f"otherwise (id {token}: teacher {preview(teacher, 30)}, student {preview(student, 30)}); the teacher "
+            "scores the student's token ids, so it must serve a model of the same vocabulary"
+        )
+    return True
+
+
 async def _score_one(args: SlimeArgs, sample: Sample, semaphore: asyncio.Semaphore) -> None:
     endpoint, route = _endpoint(args.rm_url)
     # One position before the response: SGLang's entry at logprob_start_len itself is always None.
     start = max(sample.prompt_length - 1, 0)
+    payload = _with_texts_until_checked(args, teacher_payload(args, sample, logprob_start_len=start))
     async with semaphore:
-        reply = await endpoint.request("POST", route, teacher_payload(args, sample, logprob_start_len=start))
+        reply = await endpoint.request("POST", route, payload)
     sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=start)
+    _check_vocabulary_once(args, payload, reply, sample)
+
+
+def _with_texts_until_checked(args: SlimeArgs, payload: dict[str, Any]) -> dict[str, Any]:
+    """Asks for token texts (`return_text_in_logprobs`) until the teacher's vocabulary was compared once."""
+    if args.hf_checkpoint and args.rm_url not in _vocabulary_checked:
+        payload["return_text_in_logprobs"] = True
+    return payload
+
+
+def _check_vocabulary_once(args: SlimeArgs, payload: dict[str, Any], reply: dict[str, Any], sample: Sample) -> None:
+    """`check_teacher_vocabulary` on the first reply that carries texts; warns once when the teacher sends none."""
+    if not payload.get("return_text_in_logprobs") or args.rm_url in _vocabulary_checked:
+        return
+    if not check_teacher_vocabulary(reply, sample, rm_url=args.rm_url, hf_checkpoint=args.hf_checkpoint):
+        logger.warning(
+            "the OPD teacher at --rm-url %s returned no token texts (return_text_in_logprobs): whether it shares the "
+            "student's tokenizer (--hf-checkpoint %s) is not checked",
+            args.rm_url,
+            args.hf_checkpoint,
+        )
+    _vocabulary_checked.add(args.rm_url)
 
 
 async def score_teacher(args: SlimeArgs, samples: Sequence[Sample]) -> int:
@@ -191,8 +269,10 @@ async def reward_func(
     if isinstance(sample, list):
         return list(await asyncio.gather(*(reward_func(args, s, **kwargs) for s in sample)))
     endpoint, route = _endpoint(args.rm_url)
-    reply = await endpoint.request("POST", route, teacher_payload(args, sample, logprob_start_len=0))
+    payload = _with_texts_until_checked(args, teacher_payload(args, sample, logprob_start_len=0))
+    reply = await endpoint.request("POST", route, payload)
     sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=0)
+    _check_vocabulary_once(args, payload, reply, sample)
     sample.metadata["raw_reward"] = 0.0
     return reply
 

@@ -171,7 +171,8 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
             and its label).
         KeyError: unknown reward type.
         RewardFunctionError: a custom or remote reward function raised, returned NaN/infinity, None or a
-            non-reward type, or ran past `--rm-timeout-secs` (the message names the function and the sample).
+            non-reward type, or ran past `--rm-timeout-secs` (the message names the function and the sample); or
+            a built-in or registered grader raised anything but ValueError (naming the grader and the sample).
     """
     custom_path = sample.custom_rm_path or args.custom_rm_path
     if custom_path:
@@ -204,6 +205,20 @@ async def async_rm(args: SlimeArgs, sample: Sample, **kwargs: Any) -> Any:
         raise ValueError(
             f"--rm-type {rm_type} on sample {sample.index} (label {preview(sample.label, 60)}): {e}"
         ) from e
+    except Exception as e:  # a grader's own failure (a package's, or a bug here): which grader, on which sample
+        name, message = describe_raised(e)
+        raise RewardFunctionError(
+            f"--rm-type {rm_type} grader {_grader_name(spec)} raised {name} on sample {sample.index} (label "
+            f"{preview(sample.label, 60)}, response {preview(sample.response, 60)}): {message}"
+        ) from e
+
+
+def _grader_name(spec: RewardSpec) -> str:
+    """The grader of a record as a user finds it: its import path, or the function's module and name."""
+    grader = spec.pooled_grader or spec.grader
+    if isinstance(grader, str):
+        return grader
+    return f"{getattr(grader, '__module__', '?')}:{getattr(grader, '__qualname__', type(grader).__name__)}"
 
 
 async def _remote_rm(args: SlimeArgs, sample: Sample, rm_type: str, spec: RewardSpec) -> Any:

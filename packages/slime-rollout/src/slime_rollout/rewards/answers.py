@@ -16,15 +16,17 @@ What a careful grader reads, and what this module therefore returns:
   offered together when the text between them is a list ("\boxed{2} and \boxed{3}", "\boxed{3}, \boxed{5}", "(a)
   \boxed{1} (b) \boxed{2}", "x = \boxed{1}, y = \boxed{2}", "i.e.") or a hedge. A hedge is an expression of doubt or
   of an alternative anywhere between them ("not sure", "not certain", "maybe", "perhaps", "alternatively",
-  "otherwise", "vs", "another possibility", "possible too", "I'd also accept", "some might argue", "torn", "unless",
-  "depending", "not confident", "also plausible", "a second guess"), or a weak one ("or", "either", "could be",
-  "might be", "candidate", "guess", "is another") in the sentence right after the earlier box or right before the
-  later one (an "or" deep inside a derivation, "for 2 or more terms", is not one), or a condition
-  ("if", "when") in the earlier box's own sentence; doubt or a condition in the sentence right after the last box
-  (`\boxed{3} if n is even and \boxed{5} otherwise`, `\boxed{5} is also plausible`, `\boxed{5} is another`) makes it
-  a hedge with the box before it; confidence words alone ("likely", "probably") do not. An unboxed alternative of
-  another value in the two sentences after the last box is a hedge too (`\boxed{5} or 3`, `\boxed{5}. I'm not sure,
-  it might be 3`, unless rejected right after; not `\boxed{5}, attained when n = 2 or 3`: `rewards.alternatives`).
+  "otherwise", "vs", "another possibility", "another answer", "possible too", "I'd also accept", "some might argue",
+  "torn", "unless", "depending", "not confident", "also plausible", "a second guess"), or a weak one ("or",
+  "either", "could be", "might be", "candidate", "guess", "is another") in the sentence right after the earlier box
+  or right before the later one (an "or" deep inside a derivation, "for 2 or more terms", is not one), or a
+  condition ("if", "when") in the earlier box's own sentence; doubt or a condition in the sentence right after the
+  last box (`\boxed{3} if n is even and \boxed{5} otherwise`, `\boxed{5} is also plausible`, `\boxed{5} is
+  another`) makes it a hedge with the box before it; boxes of different cases ("Case 1: \boxed{3} Case 2:
+  \boxed{5}", "Answer 2:") are offered together (as labelled parts) unless the case is given up between them;
+  confidence words alone ("likely", "probably") do not. An unboxed alternative of another value in the two
+  sentences after the last box is a hedge too (`\boxed{5} or 3`, `\boxed{5}. I'm not sure, it might be 3`, unless
+  rejected right after; not `\boxed{5}, attained when n = 2 or 3`: `rewards.alternatives`).
   Any other text between
   them (a derivation, a correction: "but after fixing the sign error the result is", a second "Final answer:"), and
   any text that corrects ("that's wrong", "I made a mistake", "is incorrect"), makes the later box supersede the
@@ -78,7 +80,8 @@ _UNCLOSED_END = re.compile(r"\$|\\\]|\\\)|\n")
 _HEDGE_PHRASES = re.compile(
     r"(?i)\b(?:not (?:\d+ ?%\s*|entirely |completely |totally |fully |quite |very |too )?(?:sure|certain)"
     r"|unsure|uncertain|maybe|perhaps|possibly|alternatively|otherwise|vs|versus"
-    r"|(?:an)?other (?:possibility|possible (?:answer|value|solution)|candidate)|possible (?:too|as well)"
+    r"|(?:an)?other (?:possibility|possible (?:answer|value|solution)|candidate|answer|solution)"
+    r"|(?:second|alternative) (?:answer|solution)|possible (?:too|as well)"
     r"|also possible|or else|also accept|(?:might|may|could|would) argue|torn|cannot decide|undecided|hard to say"
     r"|arguably|depending|unless|or possibly|not confident|less (?:sure|certain|confident)"
     r"|on the other hand|equally (?:likely|plausible|valid|possible)|(?:second|alternative|other) guess"
@@ -97,6 +100,16 @@ _HEDGE_WORDS = re.compile(r"(?i)\b(?:or|either|(?:could|might|may)(?: also)? be)
 _CONDITION = re.compile(r"(?i)\b(?:if|when|in case|provided)\b")
 # Doubt or a condition in the sentence right after the last box: with an earlier box, a hedge ("\boxed{5} otherwise").
 _HEDGE_AFTER = re.compile(rf"{_HEDGE_PHRASES.pattern}|{_DOUBT}|\b(?:if|unless|otherwise|when)\b", re.IGNORECASE)
+# A case label ("Case 1:", "in case (b)", "Answer 2:"): boxes of different cases are offered together.
+_CASE = re.compile(
+    r"(?i)\bcase\s*(?:\d+|\(?[a-h]\)?(?![A-Za-z])|\(?[ivx]+\)?(?![A-Za-z]))|\b(?:answer|solution)\s*#?\d+\s*:"
+)
+# A case given up between its box and the next case ("Case 1: \boxed{3}, which contradicts x > 4. Case 2: ..."):
+# its box is superseded, not offered.
+_CASE_REJECTED = re.compile(
+    r"(?i)\b(?:contradicts?|contradiction|reject(?:ed)?|discard(?:ed)?|invalid|not valid|extraneous|impossible"
+    r"|fails|does not (?:work|satisfy|hold)|ruled out|not allowed)\b"
+)
 # Part labels between boxes: the parts of a labelled answer, whose order counts.
 _PART_LABEL = re.compile(r"(?i)\(\s*(?:[a-h]|i{1,3}|iv|vi{0,3})\s*\)|\bpart\b|(?<![A-Za-z\\])[A-Za-z]\s*=")
 # Words that only join the items of one list of answers ("x = 2 and y = 3", "(a) ... (b) ...", "i.e.").
@@ -335,9 +348,14 @@ def final_boxed_answers(response: str) -> FinalAnswers:
     while first > 0:
         between = _between(region, boxes[first - 1].end, boxes[first].start, cut)
         last_pair = first == len(boxes) - 1
-        if not offered_together(between) and not (last_pair and hedged_after and not mentions_mistake(between)):
+        cased = _in_other_cases(region, boxes[first - 1], between)
+        if (
+            not offered_together(between)
+            and not cased
+            and not (last_pair and hedged_after and not mentions_mistake(between))
+        ):
             break
-        labelled = labelled or bool(_PART_LABEL.search(between))
+        labelled = labelled or cased or bool(_PART_LABEL.search(between))
         first -= 1
     num_superseded = num_unread + len(found) - len(negated) - (len(boxes) - first)
     answers = [b.content for b in boxes[first:]]
@@ -353,6 +371,20 @@ def final_boxed_answers(response: str) -> FinalAnswers:
     first_part = _first_named_part(region, boxes, first, cut)
     parts = tuple(b.content for b in boxes[first_part:]) if first_part < first else ()
     return FinalAnswers(answers=answers, num_superseded=num_superseded, labelled=labelled, parts=parts)
+
+
+def _in_other_cases(region: str, earlier: Box, between: str) -> bool:
+    r"""Whether two boxes answer different cases ("Case 1: \boxed{3}. Case 2: \boxed{5}"): offered together.
+
+    A case label opens the later box's sentence and one stands before the earlier box (in the `_AFTER_CHARS` before
+    it); a case given up between them (`_CASE_REJECTED`, a mistake) leaves the later box to supersede it, as a
+    correction does.
+    """
+    sentences = _SENTENCE_BREAK.split(between.strip())
+    before = region[max(0, earlier.start - _AFTER_CHARS) : earlier.start]
+    if not _CASE.search(sentences[-1]) or not _CASE.search(before):
+        return False
+    return not (_CASE_REJECTED.search(between) or mentions_mistake(between))
 
 
 def _first_named_part(region: str, boxes: list[Box], first: int, cut: list[tuple[int, int]]) -> int:

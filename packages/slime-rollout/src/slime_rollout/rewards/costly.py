@@ -12,9 +12,12 @@ from __future__ import annotations
 import functools
 import re
 
-__all__ = ["SYMBOLIC_MAX_CHARS", "costly_reason", "tree_too_big"]
+__all__ = ["GRADE_MAX_CHARS", "SYMBOLIC_MAX_CHARS", "costly_reason", "tree_too_big"]
 
 SYMBOLIC_MAX_CHARS = 1000  # longer answers are compared as strings and numbers only
+# Longer answers are not compared at all (counted as undecided): cleaning and splitting a 1 MB box held the event
+# loop for 1-5 s. Ten times the longest answer a label may have (`slime_rollout.preflight` refuses longer ones).
+GRADE_MAX_CHARS = 10 * SYMBOLIC_MAX_CHARS
 
 _FACTORIAL = re.compile(r"\d{4,}\s*!")
 _BIG_LITERAL = re.compile(r"\d{301,}")

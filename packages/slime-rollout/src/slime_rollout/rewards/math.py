@@ -13,7 +13,8 @@ thread. Their `_async` twins, used by `async_rm`, keep the cheap checks inline a
 worker pool of `slime_rollout.rewards.pool` (so the event loop never blocks on sympy); with `--rm-num-workers 0`
 they grade inline too. A grading that is skipped (an answer too costly to evaluate), runs out of budget or
 crashes its worker counts as wrong and logs one warning naming the sample and the first 200 characters of each
-answer; such gradings are counted (`num_undecided`, per rollout `rollout/num_reward_undecided`).
+answer; such gradings are counted (`num_undecided`, per rollout `rollout/num_reward_undecided`). So is an answer
+(or label answer) longer than `GRADE_MAX_CHARS`, which is not compared at all.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from concurrent.futures.process import BrokenProcessPool
 from slime_core.error_text import preview
 from slime_rollout.rewards import pool
 from slime_rollout.rewards.math_utils import (
+    GRADE_MAX_CHARS,
     PREVIEW_CHARS,
+    SYMBOLIC_MAX_CHARS,
     extract_label_answer,
     final_boxed_answers,
     final_pairs,
@@ -89,7 +92,14 @@ async def grade_final_answers(
         ValueError: if `label` is None.
     """
     gold = extract_label_answer(label)
-    pairs = final_pairs(final_boxed_answers(response), gold)
+    final = final_boxed_answers(response)
+    longest = max((len(answer) for answer in final.answers), default=0)
+    if max(longest, len(gold)) > GRADE_MAX_CHARS:  # splitting and cleaning it would hold the event loop for seconds
+        pred = final.answers[0] if len(final.answers) == 1 else ", ".join(final.answers)
+        reason = f"an answer of {max(longest, len(gold)):,} characters, past the {GRADE_MAX_CHARS:,} graded"
+        _note_undecided(sample_index, pred, gold, reason)
+        return 0.0
+    pairs = final_pairs(final, gold)
     if pairs is None:
         return 0.0  # no answer, a hedge, or not the label's number of parts
     for pred, gold_part in pairs:
@@ -103,19 +113,27 @@ async def _equal(pred: str, gold: str, symbolic: Symbolic, sample_index: int | N
     verdict, gold_n, pred_n = grade_fast(pred, gold)
     if verdict is not None:
         return verdict
-    verdict, failure = await symbolic(gold_n, pred_n)
+    if max(len(gold_n), len(pred_n)) > SYMBOLIC_MAX_CHARS:  # the check skips it: no need to ship it to a worker
+        verdict, failure = None, f"longer than {SYMBOLIC_MAX_CHARS} characters"
+    else:
+        verdict, failure = await symbolic(gold_n, pred_n)
     if verdict is None:
-        logger.warning(
-            "math reward of sample %s counted as wrong: symbolic grading of %s against %s failed (%s; %d such "
-            "grading(s) in this process)",
-            sample_index,
-            preview(pred_n, PREVIEW_CHARS),
-            preview(gold_n, PREVIEW_CHARS),
-            failure,
-            _count_undecided(),
-        )
+        _note_undecided(sample_index, pred_n, gold_n, failure)
         return False
     return verdict
+
+
+def _note_undecided(sample_index: int | None, pred: str, gold: str, reason: str | None) -> None:
+    """Warns that a grading without a verdict counted as wrong (naming the sample) and counts it (`num_undecided`)."""
+    logger.warning(
+        "math reward of sample %s counted as wrong: symbolic grading of %s against %s failed (%s; %d such "
+        "grading(s) in this process)",
+        sample_index,
+        preview(pred, PREVIEW_CHARS),
+        preview(gold, PREVIEW_CHARS),
+        reason,
+        _count_undecided(),
+    )
 
 
 async def _inline(gold_n: str, pred_n: str) -> tuple[bool | None, str | None]:

@@ -37,7 +37,8 @@ r"""Whether two final answers are the same mathematical answer, judged as a care
   union: `x<1 \text{ or } x>2` = `(-\infty,1)\cup(2,\infty)`, `rewards.inequalities`); where it says "equal"
   for two exact constants, the equality is re-checked to 40 significant digits (math-verify compares
   `(a - b).evalf(chop=True)` and so takes `e^{-50}` for `e^{-51}`);
-* bounded time on any thread: answers longer than `SYMBOLIC_MAX_CHARS` and expressions whose evaluation
+* bounded time on any thread: answers longer than `GRADE_MAX_CHARS` are not compared, those longer than
+  `SYMBOLIC_MAX_CHARS` not symbolically, and expressions whose evaluation
   would be huge (power towers, exponents of 5+ digits, factorials, binomials and the like of 4+ digit values, however
   written: `(10^{100})!`) are not evaluated at
   all (a single big-integer power cannot be interrupted), and the rest runs under `run_with_deadline`.
@@ -56,7 +57,7 @@ import re
 
 from slime_core.error_text import preview
 from slime_rollout.rewards.answers import FinalAnswers, extract_boxed, final_boxed_answers, strip_reasoning
-from slime_rollout.rewards.costly import SYMBOLIC_MAX_CHARS, costly_reason, tree_too_big
+from slime_rollout.rewards.costly import GRADE_MAX_CHARS, SYMBOLIC_MAX_CHARS, costly_reason, tree_too_big
 from slime_rollout.rewards.deadline import GradingTimeout, run_with_deadline
 from slime_rollout.rewards.inequalities import union_pair
 from slime_rollout.rewards.letter_sets import letter_set, multi_select_label
@@ -68,6 +69,7 @@ from slime_rollout.rewards.times import same_time
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "GRADE_MAX_CHARS",
     "PREVIEW_CHARS",
     "SYMBOLIC_MAX_CHARS",
     "answer_parts",
@@ -172,10 +174,13 @@ def grade_fast(pred: str | None, gold: str | None) -> tuple[bool | None, str, st
 
     Returns:
         `(verdict, gold_text, pred_text)`; `verdict` is None when only `symbolic_equal` can decide, which
-        then takes the cleaned texts.
+        then takes the cleaned texts. A side longer than `GRADE_MAX_CHARS` is not read: None with the texts as
+        given, which `symbolic_equal` skips as too long (undecided, logged).
     """
     if pred is None or gold is None:
         return False, "", ""
+    if len(pred) > GRADE_MAX_CHARS or len(gold) > GRADE_MAX_CHARS:
+        return None, gold, pred
     gold_roman, pred_roman = roman_options(gold), roman_options(pred)
     if gold_roman is not None and pred_roman is not None and not gold_roman.hedged:
         # Statements "I only", "I, III": the sets named must agree; numerals offered as alternatives are a hedge.
