@@ -127,13 +127,30 @@ def test_plugin_paths_resolve_before_anything_starts(tmp_path, monkeypatch):
         ("--buffer-filter-path", "def gen(args, rollout_id, buffer, num_samples, extra=1):\n    pass\n", None),
         # The original passes a hook only the keywords it declares: (args, sample) is a valid hook (was refused).
         ("--rollout-sample-hook-path", "def gen(args, sample):\n    pass\n", None),
+        # Keywords the run passes when declared, keyword-only and required here: refused although the run passes
+        # them (slime_core.algorithms.drgrpo, which the run trained with, was refused as `--dry-run`'s one error).
+        ("--custom-pg-loss-reducer-function-path", "from slime_core.algorithms import drgrpo as gen\n", None),
+        (
+            "--custom-generate-function-path",
+            "async def gen(args, sample, sampling_params, *, evaluation):\n    pass\n",
+            None,
+        ),
+        ("--rollout-sample-hook-path", "def gen(args, sample, *, rollout_id):\n    pass\n", None),
+        (
+            "--custom-pg-loss-reducer-function-path",
+            "def gen(total_lengths, response_lengths, loss_masks, per_token, *, cfg):\n    pass\n",
+            r"cannot take the run's call .*missing a required keyword-only argument: 'cfg'",
+        ),
     ],
 )
 def test_plugin_signatures_are_checked_against_the_runs_call(tmp_path, monkeypatch, flag, body, message):
     # The call would otherwise fail mid-run as a TypeError in a Ray worker, without naming the flag.
     import sys
 
+    from slime_core.plugins import forget_loaded_plugins
+
     sys.modules.pop("pf_sig", None)
+    forget_loaded_plugins()  # loads are cached per (path, flag): several cases give one flag pf_sig.gen
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
     _plugin_module(tmp_path, monkeypatch, "pf_sig", body)

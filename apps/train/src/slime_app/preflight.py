@@ -56,11 +56,21 @@ PLUGIN_CALLS: dict[str, tuple[int, tuple[str, ...], str]] = {
 }
 
 
+# Keywords the run passes only to a plugin whose signature names them (the original's `_accepted_kwargs`): bound
+# when declared, so a keyword-only one without a default (drgrpo's `*, args`) is not refused.
+DECLARED_KEYWORDS: dict[str, tuple[str, ...]] = {
+    "custom_generate_function_path": ("evaluation",),  # slime_rollout.generation.group_rollout
+    "rollout_sample_hook_path": ("evaluation", "rollout_id"),  # ditto
+    "custom_pg_loss_reducer_function_path": ("args",),  # slime_core.algorithms.objective
+}
+
+
 def check_plugin_call(fn: object, field: str, flag: str, path: str) -> None:
     """Checks that `fn`'s signature accepts the call the run will make (`PLUGIN_CALLS[field]`).
 
     A wrong signature otherwise surfaces mid-run as a TypeError inside a Ray worker. Callables without an
-    introspectable signature (builtins) are not checked.
+    introspectable signature (builtins) are not checked. The keywords of `DECLARED_KEYWORDS[field]` that the
+    signature names are bound too, as the run passes them.
 
     Raises:
         slime_core.plugins.PluginError: the call cannot bind (message names the flag, path and both signatures).
@@ -74,8 +84,9 @@ def check_plugin_call(fn: object, field: str, flag: str, path: str) -> None:
         signature = inspect.signature(fn)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return
+    declared = [k for k in DECLARED_KEYWORDS.get(field, ()) if k in signature.parameters]
     try:
-        signature.bind(*([None] * n_positional), **dict.fromkeys(keywords))
+        signature.bind(*([None] * n_positional), **dict.fromkeys((*keywords, *declared)))
     except TypeError as e:
         raise PluginError(
             f"{flag} {path}: its signature {signature} cannot take the run's call {shown} ({e})"
