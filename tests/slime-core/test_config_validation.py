@@ -308,6 +308,18 @@ def test_a_cpu_config_builds_without_the_engines_package():
     assert out.returncode == 0 and out.stdout.strip() == "disk", out.stderr[-2000:]
 
 
+def test_separate_gpu_engines_default_to_one_engine_of_gpus():
+    # Not colocated and without --rollout-num-gpus, SGLang engines were placed on no GPU of their own (engine 0 on
+    # GPU 0, trainer rank 0's); the original stopped on the None. One engine's GPUs are now reserved for it.
+    assert make(rollout_engine="sglang", rollout_num_gpus_per_engine=2).rollout_num_gpus == 2
+    assert make(rollout_engine="sglang", rollout_num_gpus=4).rollout_num_gpus == 4  # given: kept
+    assert make(rollout_engine="sglang", colocate=True, actor_num_gpus_per_node=4).rollout_num_gpus == 4
+    # No engine GPU to reserve: a CPU engine, outside engines, or no engines at all.
+    assert make(rollout_engine="reference").rollout_num_gpus is None
+    assert make(rollout_engine="sglang", rollout_engine_urls=["http://h:1"]).rollout_num_gpus is None
+    assert make(rollout_engine="sglang", debug_train_only=True).rollout_num_gpus is None
+
+
 @pytest.mark.parametrize("colocate", [True, False])
 def test_zero_rollout_gpus_need_outside_engines(colocate):
     # It was accepted as "the router only", and the launcher started one engine anyway (on no GPU of its own).

@@ -163,12 +163,29 @@ def _placement(args: SlimeArgs) -> None:
         )
     if args.colocate and args.rollout_num_gpus is None:
         args.rollout_num_gpus = actor_gpus
+    if args.rollout_num_gpus is None and _engines_need_own_gpus(args):
+        # Else the placement reserved no GPU for the engine, which then started on GPU 0 next to trainer rank 0
+        # (--dry-run reported one engine on GPUs of its own); the original stopped on None in its placement.
+        args.rollout_num_gpus = args.rollout_num_gpus_per_engine
     if args.colocate and args.rollout_num_gpus is not None and 0 < args.rollout_num_gpus < actor_gpus:
         raise ConfigError(
             f"--rollout-num-gpus {args.rollout_num_gpus} is smaller than the {actor_gpus} actor GPUs; "
             "with --colocate it must be 0 or at least --actor-num-nodes * --actor-num-gpus-per-node"
         )
     _engine_gpus(args)
+
+
+def _engines_need_own_gpus(args: SlimeArgs) -> bool:
+    """Whether the run starts GPU engines (`RolloutEngineSpec.needs_gpu`) that share no GPU with the trainer.
+
+    A CPU engine (the reference one) needs no bundle; an engine whose package is not installed here starts nowhere.
+    """
+    if args.colocate or args.rollout_engine_urls or args.debug_train_only:
+        return False
+    try:
+        return engine_spec(args).needs_gpu
+    except (ImportError, KeyError):  # its package is not installed here (a trainer-only environment)
+        return False
 
 
 def colocated_gpu_split(args: SlimeArgs) -> tuple[int, int]:
