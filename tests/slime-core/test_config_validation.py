@@ -114,6 +114,16 @@ BROKEN_RULES = [
     ({"rollout_top_k": -5}, "--rollout-top-k -5: top-k is -1 (off) or at least 1, as SGLang takes it"),
     ({"rollout_top_k": 0}, "--rollout-top-k 0: top-k is -1 (off) or at least 1"),
     ({"eval_top_k": 0}, "--eval-top-k 0: top-k is -1 (off) or at least 1"),
+    # Runs that started Ray and the trainer to do nothing (issue 27, pass 51).
+    (
+        {"num_rollout": 0, "eval_interval": 1, "eval_prompt_data": ["d", "d.jsonl"], "debug_train_only": True},
+        "--num-rollout 0 only evaluates, and --debug-train-only (or --load-debug-rollout-data) starts no engine",
+    ),
+    (
+        {"num_rollout": 0, "eval_interval": 1, "eval_prompt_data": ["d", "d.jsonl"], "load_debug_rollout_data": "x"},
+        "--num-rollout 0 only evaluates, and --debug-train-only (or --load-debug-rollout-data) starts no engine",
+    ),
+    ({"start_rollout_id": 3, "num_rollout": 3}, "--start-rollout-id 3 is not below --num-rollout 3: the run would"),
 ]
 
 
@@ -615,3 +625,6 @@ def test_num_rollout_0_with_eval_interval_is_the_original_eval_only_run():
     # to 1 (got 0)".
     args = make(num_rollout=0, eval_interval=1, eval_prompt_data=["aime", "aime.jsonl"])
     assert args.num_rollout == 0 and args.eval_interval == 1
+    # It evaluates whatever the start id (the loop's eval at rollout 0); a start below --num-rollout trains on.
+    assert make(num_rollout=0, eval_interval=1, eval_prompt_data=["a", "a.jsonl"], start_rollout_id=5).num_rollout == 0
+    assert make(num_rollout=3, start_rollout_id=2).start_rollout_id == 2

@@ -277,6 +277,19 @@ def _num_rollout(args: SlimeArgs) -> None:
             "--num-rollout 0 trains nothing; with --eval-interval (and --eval-prompt-data or --eval-config) it "
             "evaluates the loaded model once, as the original's eval-only run"
         )
+    if args.num_rollout == 0 and args.debug_train_only:
+        # The eval-only run's one eval needs engines, which these modes do not start: it started Ray and the trainer,
+        # said that no eval runs, and ended (the original stopped on the missing engines in its eval).
+        raise ConfigError(
+            "--num-rollout 0 only evaluates, and --debug-train-only (or --load-debug-rollout-data) starts no engine "
+            "to evaluate with: drop one of them"
+        )
+    if args.start_rollout_id is not None and args.num_rollout and args.start_rollout_id >= args.num_rollout:
+        # The loop runs rollouts start..num_rollout-1 and evaluates no --start-rollout-id start: nothing ran.
+        raise ConfigError(
+            f"--start-rollout-id {args.start_rollout_id} is not below --num-rollout {args.num_rollout}: the run "
+            "would train nothing (rollout ids start..num_rollout-1); raise --num-rollout or lower --start-rollout-id"
+        )
     if args.num_epoch is not None and args.disable_rollout_global_dataset:
         raise ConfigError(
             "--num-epoch counts passes over --prompt-data; with --disable-rollout-global-dataset give --num-rollout"
