@@ -6,6 +6,7 @@ here the app runs them and raises their errors with their exception class.
 
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -160,6 +161,21 @@ def test_plugin_signatures_are_checked_against_the_runs_call(tmp_path, monkeypat
     else:
         with pytest.raises(ImportError, match=message):
             preflight(_args(data, flag, "pf_sig.gen", *extra))
+
+
+@pytest.mark.parametrize("reducer", ["slime_core.algorithms.drgrpo", "slime_core.algorithms.reducers.drgrpo"])
+def test_the_drgrpo_reducer_is_checked_against_the_flags_before_the_run(tmp_path, reducer):
+    # Its factory raises at the first train step with --calculate-per-token-loss (after Ray, the engines and a
+    # rollout); --dry-run passed it. Without the flag it is accepted: the run trains with it.
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    preflight(_args(data, "--custom-pg-loss-reducer-function-path", reducer))
+    with pytest.raises(ValueError, match=re.escape(
+        f"--custom-pg-loss-reducer-function-path {reducer}: Dr.GRPO divides by the constant "
+        "--rollout-max-response-len, and --calculate-per-token-loss would divide by the token count as well: drop "
+        "--calculate-per-token-loss"
+    )):  # fmt: skip
+        preflight(_args(data, "--custom-pg-loss-reducer-function-path", reducer, "--calculate-per-token-loss"))
 
 
 def test_every_plugin_field_has_a_call_shape_and_the_defaults_bind():

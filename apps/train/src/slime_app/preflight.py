@@ -93,6 +93,18 @@ def check_plugin_call(fn: object, field: str, flag: str, path: str) -> None:
         ) from None
 
 
+def check_plugin_config(fn: object, cfg: SlimeArgs, flag: str, path: str) -> None:
+    """Runs a plugin's own `check_config(cfg) -> list[str]` when it has one (e.g. `slime_core.algorithms.drgrpo`).
+
+    Raises:
+        ValueError: the first problem it reports (message names the flag and path).
+    """
+    check = getattr(fn, "check_config", None)
+    problems = check(cfg) if callable(check) else []
+    if problems:
+        raise ValueError(f"{flag} {path}: {problems[0]}")
+
+
 def _plugin_paths(cfg: SlimeArgs) -> list[tuple[str, str, str]]:
     """`(field, flag, import path)` of every plugin the config names (`--rollout-sample-hook-path` holds a list)."""
     from slime_core.config.base import field_to_flag
@@ -118,6 +130,7 @@ def _check_plugins(cfg: SlimeArgs) -> None:
 
     Raises:
         slime_core.plugins.PluginError: the first plugin that does not resolve (message names the flag).
+        ValueError: a plugin's own `check_config` refuses the flags (`check_plugin_config`).
     """
     from slime_core.plugins import PluginError
     from slime_rollout.plugins import load_function
@@ -125,7 +138,8 @@ def _check_plugins(cfg: SlimeArgs) -> None:
     remote = bool(ray_address(cfg))
     for field, flag, path in _plugin_paths(cfg):
         try:
-            check_plugin_call(load_function(path, flag=flag), field, flag, path)
+            fn = load_function(path, flag=flag)
+            check_plugin_call(fn, field, flag, path)
         except PluginError as e:
             missing = e.missing_dependency
             if missing is None:
@@ -139,6 +153,8 @@ def _check_plugins(cfg: SlimeArgs) -> None:
             if not remote:
                 raise PluginError(f"{e} (install it in this environment: the run's workers use it too)") from e
             logger.warning("%s (left to the workers of the remote cluster)", e)
+            continue
+        check_plugin_config(fn, cfg, flag, path)
 
 
 def _check_architecture(cfg: SlimeArgs) -> list[str]:
