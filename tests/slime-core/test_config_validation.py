@@ -628,3 +628,23 @@ def test_num_rollout_0_with_eval_interval_is_the_original_eval_only_run():
     # It evaluates whatever the start id (the loop's eval at rollout 0); a start below --num-rollout trains on.
     assert make(num_rollout=0, eval_interval=1, eval_prompt_data=["a", "a.jsonl"], start_rollout_id=5).num_rollout == 0
     assert make(num_rollout=3, start_rollout_id=2).start_rollout_id == 2
+
+
+def test_the_liger_head_is_refused_where_its_first_log_prob_forward_would_fail(monkeypatch):
+    # Both stopped the run at its first train step, after the engines and the first rollout (issue 27, pass 51).
+    import importlib.util
+
+    if importlib.util.find_spec("liger_kernel") is None:
+        with pytest.raises(ConfigError, match=r"--log-probs-head liger needs the liger-kernel package"):
+            make(train_backend="fsdp", log_probs_head="liger")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "liger_kernel" else real(name, *a)
+    )
+    assert make(train_backend="fsdp", log_probs_head="liger").log_probs_head == "liger"
+    with pytest.raises(ConfigError, match=re.escape(
+        "--log-probs-head liger with --rollout-top-p 0.5: liger computes the full softmax and cannot replay the "
+        "engine's top-p sets; use --log-probs-head fused"
+    )):  # fmt: skip
+        make(train_backend="fsdp", log_probs_head="liger", rollout_top_p=0.5)
+    assert make(train_backend="fsdp", log_probs_head="fused", rollout_top_p=0.5).rollout_top_p == 0.5

@@ -208,7 +208,8 @@ class FsdpArgs(ArgsGroup):
         "function and a hand-written backward; qwen3-0.6b on one H200: 1.14 s per train() against fp32out's 1.55 s, "
         "30.5 against 50.6 GiB peak; with --rollout-top-p < 1 it runs fp32out, logged), fp32 (exact; CPU default), "
         "fp32out (bf16 tensor cores, fp32 accumulation and logits, autograd backward), tf32, bf16 (bf16 matmul and "
-        "logits, fp32 softmax), liger (liger-kernel fused linear cross-entropy, optional dependency). "
+        "logits, fp32 softmax), liger (liger-kernel fused linear cross-entropy, optional dependency; not with "
+        "--rollout-top-p < 1). "
         "--train-backend megatron: unset = megatron-core's bf16 logits on every position; fused = the same fused head "
         "on the response rows' final hidden states (needs --tensor-model-parallel-size 1); the others are refused.",
     )

@@ -29,7 +29,8 @@ def check_trainer_flags(args: SlimeArgs) -> None:
         ConfigError: `--lr-decay-style`, `--optimizer` or `--fp16` the backend does not implement;
             `--use-dynamic-batch-size` without `--max-tokens-per-gpu`; `--balance-by-flops` without it;
             `--attn-implementation` with Megatron, unknown, or needing a package that is not installed;
-            FSDP's memory flags (`--gradient-checkpointing`, `--fsdp-cpu-offload`) with a megatron-core backend.
+            FSDP's memory flags (`--gradient-checkpointing`, `--fsdp-cpu-offload`) with a megatron-core backend;
+            `--log-probs-head liger` without liger-kernel or with `--rollout-top-p` < 1.
     """
     spec = train_backend_spec(args)
     styles = spec.lr_decay_styles
@@ -50,6 +51,7 @@ def check_trainer_flags(args: SlimeArgs) -> None:
         )
     _micro_batching(args)
     _attention(args)
+    _log_probs_head(args)
     _fsdp_flags(args)
 
 
@@ -97,6 +99,27 @@ def _attention(args: SlimeArgs) -> None:
         raise ConfigError(
             f"--attn-implementation {attn} needs the {module} package, which is not installed here; slime_varlen "
             "(the GPU default) runs torch's own varlen flash attention"
+        )
+
+
+def _log_probs_head(args: SlimeArgs) -> None:
+    """`--log-probs-head liger` (FSDP; a megatron-core backend's preflight refuses it): its package and top-p replay.
+
+    Both failed at the first log-prob forward, after the engines and the first rollout: liger-kernel's fused loss is
+    an optional dependency, and it computes the full softmax, so it cannot replay the engine's nucleus, which the
+    default generate function asks for with `--rollout-top-p` < 1.
+    """
+    if args.log_probs_head != "liger" or train_backend_spec(args).megatron_native:
+        return
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise ConfigError(
+            "--log-probs-head liger needs the liger-kernel package, which is not installed here; fused (the GPU "
+            "default) or fp32out need nothing more"
+        )
+    if args.rollout_top_p < 1:
+        raise ConfigError(
+            f"--log-probs-head liger with --rollout-top-p {args.rollout_top_p}: liger computes the full softmax and "
+            "cannot replay the engine's top-p sets; use --log-probs-head fused (or fp32out, fp32, tf32, bf16)"
         )
 
 
