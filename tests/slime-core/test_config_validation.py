@@ -648,3 +648,23 @@ def test_the_liger_head_is_refused_where_its_first_log_prob_forward_would_fail(m
     )):  # fmt: skip
         make(train_backend="fsdp", log_probs_head="liger", rollout_top_p=0.5)
     assert make(train_backend="fsdp", log_probs_head="fused", rollout_top_p=0.5).rollout_top_p == 0.5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        ({"debug_rollout_only": True}, "--debug-rollout-only (no trainer runs)"),
+        (
+            {"num_rollout": 0, "eval_interval": 1, "eval_prompt_data": ["d", "d.jsonl"]},
+            "--num-rollout 0 (an eval-only run: nothing is trained)",
+        ),
+    ],
+)
+def test_saves_of_a_run_that_trains_nothing_say_that_nothing_is_saved(caplog, overrides, why):
+    # The loop saves and exports after trained rollouts only: the folders stayed empty, unannounced.
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(save="/ck", save_hf="/hf", **overrides)
+        make(save="/ck", save_hf="/hf")  # a training run writes both: no second line
+    assert [r.getMessage() for r in caplog.records if "nothing is saved" in r.getMessage()] == [
+        f"--save and --save-hf: nothing is saved with {why}; checkpoints and HF exports follow trained rollouts"
+    ]

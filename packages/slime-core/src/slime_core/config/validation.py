@@ -502,8 +502,29 @@ def _checkpoint_and_dumps(args: SlimeArgs) -> None:
         raise ConfigError("--save-interval requires --save")
     _no_tilde_paths(args)
     check_save_hf(args)
+    _saves_without_training(args)
     if args.dump_details is not None and args.save_debug_rollout_data is None:
         args.save_debug_rollout_data = os.path.join(args.dump_details, "rollout_data", "{rollout_id}.pt")
+
+
+def _saves_without_training(args: SlimeArgs) -> None:
+    """Warns once when `--save` / `--save-hf` are given to a run that trains nothing, so writes neither.
+
+    The loop saves and exports after trained rollouts only (as the original's train.py): an eval-only run and a
+    `--debug-rollout-only` run ended with the folders empty and no word of it.
+    """
+    if args.debug_rollout_only:
+        why = "--debug-rollout-only (no trainer runs)"
+    elif args.num_rollout == 0:
+        why = "--num-rollout 0 (an eval-only run: nothing is trained)"
+    else:
+        return
+    given = [field_to_flag(f) for f in ("save", "save_hf") if getattr(args, f) is not None]
+    if given:
+        warn_once(
+            "saves_without_training",
+            f"{' and '.join(given)}: nothing is saved with {why}; checkpoints and HF exports follow trained rollouts",
+        )
 
 
 def _weight_sync(args: SlimeArgs) -> None:
