@@ -54,7 +54,12 @@ class AlgorithmArgs(ArgsGroup):
     eps_clip_high: float | None = arg(None, "PPO clip range upper epsilon (default: --eps-clip).", ge=0)
     eps_clip_c: float | None = arg(None, "Dual-clip constant c (> 1) bounding the loss for negative advantages.")
     value_clip: float = arg(0.2, "Value-function clip range for the critic.", ge=0)
-    kl_coef: float = arg(0.0, "KL penalty coefficient in the reward (reward shaping).", ge=0)
+    kl_coef: float = arg(
+        0.0,
+        "KL penalty coefficient in the reward (reward shaping) of rloo, REINFORCE++ and PPO; non-zero with another "
+        "estimator: a one-line warning (it has no effect there, as in the original).",
+        ge=0,
+    )
     use_kl_loss: bool = arg(False, "Add a KL(actor || ref) loss term.")
     kl_loss_coef: float = arg(0.0, "Coefficient of the KL loss term.", ge=0)
     kl_loss_type: KlType = arg("k1", "KL estimator: k1, k2, k3 or low_var_kl (clamped k3).")
