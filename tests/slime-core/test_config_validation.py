@@ -124,6 +124,20 @@ BROKEN_RULES = [
         "--num-rollout 0 only evaluates, and --debug-train-only (or --load-debug-rollout-data) starts no engine",
     ),
     ({"start_rollout_id": 3, "num_rollout": 3}, "--start-rollout-id 3 is not below --num-rollout 3: the run would"),
+    # megatron-core's OptimizerParamScheduler asserted these at trainer start; FSDP's decay raised the rate.
+    (
+        {"train_backend": "fsdp", "lr": 1e-4, "min_lr": 1e-3, "lr_decay_style": "cosine"},
+        "--min-lr 0.001 is above --lr 0.0001: the cosine schedule decays from --lr down to --min-lr",
+    ),
+    ({"train_backend": "megatron", "lr": 1e-4, "min_lr": 1e-3}, "--min-lr 0.001 is above --lr 0.0001: the constant"),
+    (
+        {"train_backend": "megatron", "lr": 1e-4, "lr_warmup_iters": 2, "lr_warmup_init": 1e-3},
+        "--lr-warmup-init 0.001 is above --lr 0.0001: the warmup rises from it to --lr",
+    ),
+    (
+        {"advantage_estimator": "ppo", "lr": 1e-3, "critic_lr": 1e-5, "min_lr": 1e-4, "lr_decay_style": "linear"},
+        "--min-lr 0.0001 is above --critic-lr 1e-05: the linear schedule decays from --critic-lr",
+    ),
 ]
 
 
@@ -668,3 +682,10 @@ def test_saves_of_a_run_that_trains_nothing_say_that_nothing_is_saved(caplog, ov
     assert [r.getMessage() for r in caplog.records if "nothing is saved" in r.getMessage()] == [
         f"--save and --save-hf: nothing is saved with {why}; checkpoints and HF exports follow trained rollouts"
     ]
+
+
+def test_lr_bounds_a_schedule_does_not_read_stay_accepted():
+    # FSDP's constant schedule reads no --min-lr; FSDP warms up from --lr-warmup-init whatever its size.
+    assert make(train_backend="fsdp", lr=1e-4, min_lr=1e-3).min_lr == 1e-3
+    assert make(train_backend="fsdp", lr=1e-4, lr_warmup_iters=2, lr_warmup_init=1e-3).lr_warmup_init == 1e-3
+    assert make(train_backend="megatron", lr=1e-4, lr_warmup_init=1e-3).lr_warmup_init == 1e-3  # no warmup

@@ -30,7 +30,8 @@ def check_trainer_flags(args: SlimeArgs) -> None:
             `--use-dynamic-batch-size` without `--max-tokens-per-gpu`; `--balance-by-flops` without it;
             `--attn-implementation` with Megatron, unknown, or needing a package that is not installed;
             FSDP's memory flags (`--gradient-checkpointing`, `--fsdp-cpu-offload`) with a megatron-core backend;
-            `--log-probs-head liger` without liger-kernel or with `--rollout-top-p` < 1.
+            `--log-probs-head liger` without liger-kernel or with `--rollout-top-p` < 1; `--min-lr` (or a Megatron
+            warmup's `--lr-warmup-init`) above `--lr` / `--critic-lr`.
     """
     spec = train_backend_spec(args)
     styles = spec.lr_decay_styles
@@ -50,6 +51,7 @@ def check_trainer_flags(args: SlimeArgs) -> None:
             "scaling); use --bf16, or --train-backend megatron"
         )
     _micro_batching(args)
+    _lr_bounds(args)
     _attention(args)
     _log_probs_head(args)
     _fsdp_flags(args)
@@ -100,6 +102,31 @@ def _attention(args: SlimeArgs) -> None:
             f"--attn-implementation {attn} needs the {module} package, which is not installed here; slime_varlen "
             "(the GPU default) runs torch's own varlen flash attention"
         )
+
+
+def _lr_bounds(args: SlimeArgs) -> None:
+    """`--min-lr` / `--lr-warmup-init` above a learning rate the schedule decays from or warms up to.
+
+    megatron-core's `OptimizerParamScheduler` asserts `min_lr <= max_lr` and `init_lr <= max_lr` when the trainer
+    starts (after the engines; a bare AssertionError); FSDP's decay raised the rate towards `--min-lr` instead. With
+    `--lr-decay-style constant` FSDP reads neither bound, so that stays accepted there.
+    """
+    megatron = train_backend_spec(args).megatron_native
+    rates = [("--lr", args.lr)]
+    if args.use_critic and args.critic_lr is not None:  # the critic's schedule has the same bounds
+        rates.append(("--critic-lr", args.critic_lr))
+    for flag, rate in rates:
+        if args.min_lr > rate and (megatron or args.lr_decay_style != "constant"):
+            raise ConfigError(
+                f"--min-lr {args.min_lr:g} is above {flag} {rate:g}: the {args.lr_decay_style} schedule decays from "
+                f"{flag} down to --min-lr; lower --min-lr"
+            )
+        warmup = args.lr_warmup_iters or args.lr_warmup_fraction
+        if megatron and warmup and args.lr_warmup_init > rate:
+            raise ConfigError(
+                f"--lr-warmup-init {args.lr_warmup_init:g} is above {flag} {rate:g}: the warmup rises from it to "
+                f"{flag} (megatron-core refuses the schedule); lower --lr-warmup-init"
+            )
 
 
 def _log_probs_head(args: SlimeArgs) -> None:
