@@ -313,6 +313,14 @@ def test_policy_loss_terms_with_the_sft_loss_are_one_warning_naming_them(caplog)
         "--loss-type sft_loss: --use-kl-loss, --entropy-coef 0.01, --use-tis have no effect (the loss is the "
         "negative log-likelihood of the trained tokens only); drop them"
     ]
+    caplog.clear()
+    config_base._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(**sft, advantage_estimator="ppo")  # a critic trained every step for a loss that reads no value
+    assert [r.getMessage() for r in caplog.records] == [
+        "--loss-type sft_loss: --advantage-estimator ppo (its critic) has no effect (the loss is the negative "
+        "log-likelihood of the trained tokens only); drop them"
+    ]
 
 
 def test_a_cpu_config_builds_without_the_engines_package():

@@ -366,7 +366,8 @@ def _algorithm(args: SlimeArgs) -> None:
 def _policy_terms_without_effect(args: SlimeArgs) -> None:
     """Warns once about policy-loss terms given with `--loss-type sft_loss`, whose NLL reads none of them.
 
-    The original's `sft_loss_function` ignores them too; a KL loss still loads and runs the reference model.
+    The original's `sft_loss_function` ignores them too; a KL loss still loads and runs the reference model, and PPO
+    still trains its critic.
     """
     given = [
         flag
@@ -376,6 +377,8 @@ def _policy_terms_without_effect(args: SlimeArgs) -> None:
             (f"--entropy-coef {args.entropy_coef}", args.entropy_coef != 0),
             ("--use-tis", args.use_tis),
             ("--use-opsm", args.use_opsm),
+            # Its critic still trains every step (a value model's memory and compute): its values feed advantages.
+            (f"--advantage-estimator {args.advantage_estimator} (its critic)", args.use_critic),
         )
         if on
     ]
