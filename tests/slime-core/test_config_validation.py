@@ -350,6 +350,12 @@ def test_separate_gpu_engines_default_to_one_engine_of_gpus():
     assert make(rollout_engine="reference").rollout_num_gpus is None
     assert make(rollout_engine="sglang", rollout_engine_urls=["http://h:1"]).rollout_num_gpus is None
     assert make(rollout_engine="sglang", debug_train_only=True).rollout_num_gpus is None
+    # --debug-rollout-only drops --colocate; its engines keep the colocated run's GPUs (the original's rule): they
+    # were one engine on one GPU.
+    rollout_only = make(rollout_engine="sglang", debug_rollout_only=True, colocate=True, actor_num_gpus_per_node=4)
+    assert (rollout_only.colocate, rollout_only.rollout_num_gpus) == (False, 4)
+    cpu = make(rollout_engine="reference", debug_rollout_only=True, colocate=True, actor_num_gpus_per_node=4)
+    assert cpu.rollout_num_gpus is None  # one CPU engine, as before
 
 
 @pytest.mark.parametrize("colocate", [True, False])

@@ -116,6 +116,9 @@ def _debug_modes(args: SlimeArgs) -> None:
     if args.debug_rollout_only and (args.colocate or args.offload):
         # No trainer runs, so there is nothing to share GPUs with or to offload.
         warn_once("debug_rollout_colocate", "--debug-rollout-only: ignoring --colocate/--offload (no trainer runs)")
+        if args.colocate and args.rollout_num_gpus is None and _gpu_engine(args):
+            # The GPUs the colocated run's engines would have had, as the original: its engines, not one.
+            args.rollout_num_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
         args.colocate = False
         args.offload = False
         args.offload_train = False
@@ -182,9 +185,14 @@ def _engines_need_own_gpus(args: SlimeArgs) -> bool:
     """
     if args.colocate or args.rollout_engine_urls or args.debug_train_only:
         return False
+    return _gpu_engine(args)
+
+
+def _gpu_engine(args: SlimeArgs) -> bool:
+    """Whether `--rollout-engine`'s record needs a GPU; False when its package is not installed here."""
     try:
         return engine_spec(args).needs_gpu
-    except (ImportError, KeyError):  # its package is not installed here (a trainer-only environment)
+    except (ImportError, KeyError):  # a trainer-only environment: nothing here starts engines
         return False
 
 
