@@ -127,18 +127,12 @@ def test_the_cli_refuses_the_layout_in_one_line_with_exit_2(tmp_path):
     assert not (tmp_path / "run" / "engine_logs").exists()  # no engine was started
 
 
-@pytest.mark.parametrize(
-    ("fields", "bundles"),
-    [
-        ({"rollout_num_gpus": 4}, 2),  # disaggregated: the actor's 2 only, not 2 + 4
-        ({"rollout_num_gpus": 4, "colocate": True}, 2),  # colocated: not max(2, 4)
-        ({"rollout_num_gpus": 2, "colocate": True}, 2),
-    ],
-)
-def test_external_engines_get_no_bundles(monkeypatch, caplog, fields, bundles):
-    # Issue 27: with --rollout-external-engine-addrs (engines started elsewhere), --rollout-num-gpus still reserved
-    # bundles that no engine would ever use: 6 GPUs for a 2-rank trainer (on an 8-GPU machine with the original's
-    # script, 16 bundles: the run waited for GPUs it did not need). The original places the actor's only.
+@pytest.fixture
+def gpu_node(monkeypatch) -> dict:
+    """A local 8-GPU node whose placement group and bundle probes are faked: bundle i is GPU i of node-a.
+
+    Returns the dict where the group's bundle count lands (`"bundles"`).
+    """
     made = {}
 
     def fake_group(specs, strategy):
@@ -156,6 +150,22 @@ def test_external_engines_get_no_bundles(monkeypatch, caplog, fields, bundles):
     monkeypatch.setattr(cluster.ray, "get", lambda refs, timeout=None: refs)
     monkeypatch.setattr(cluster.ray, "wait", lambda refs, timeout=None: (refs, []))
     monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"GPU": 8, "CPU": 64})
+    return made
+
+
+@pytest.mark.parametrize(
+    ("fields", "bundles"),
+    [
+        ({"rollout_num_gpus": 4}, 2),  # disaggregated: the actor's 2 only, not 2 + 4
+        ({"rollout_num_gpus": 4, "colocate": True}, 2),  # colocated: not max(2, 4)
+        ({"rollout_num_gpus": 2, "colocate": True}, 2),
+    ],
+)
+def test_external_engines_get_no_bundles(gpu_node, caplog, fields, bundles):
+    # Issue 27: with --rollout-external-engine-addrs (engines started elsewhere), --rollout-num-gpus still reserved
+    # bundles that no engine would ever use: 6 GPUs for a 2-rank trainer (on an 8-GPU machine with the original's
+    # script, 16 bundles: the run waited for GPUs it did not need). The original places the actor's only.
+    made = gpu_node
     cfg = _cfg(actor_num_gpus_per_node=2, rollout_engine_urls=["http://10.0.0.9:30000"], **fields)
     with caplog.at_level("WARNING", logger="slime_app.cluster"):
         placement = cluster.create_placement(cfg)
@@ -168,3 +178,17 @@ def test_external_engines_get_no_bundles(monkeypatch, caplog, fields, bundles):
          "--rollout-engine-urls (--rollout-external-engine-addrs); they run where they were started"]
         if reserved else []
     )  # fmt: skip
+
+
+def test_separate_sglang_engines_without_rollout_num_gpus_get_gpus_of_their_own(gpu_node):
+    # Issue 27: not colocated and without --rollout-num-gpus, the placement reserved the trainer's GPUs only and the
+    # SGLang engine (on no bundle) started on GPU 0, trainer rank 0's; --dry-run said "1 × 2 GPU(s), on their own
+    # GPUs". The engine now gets --rollout-num-gpus-per-engine GPUs after the trainer's.
+    from slime_app.engine_hosts import engine_sites
+
+    cfg = _cfg(actor_num_gpus_per_node=2, rollout_engine="sglang", rollout_num_gpus_per_engine=2)
+    placement = cluster.create_placement(cfg)
+    assert gpu_node["bundles"] == 4
+    assert (placement.actor_bundles, placement.rollout_bundles, placement.rollout_gpu_ids) == ([0, 1], [2, 3], [2, 3])
+    (site,) = engine_sites(cfg, placement.rollout_bundles, placement.rollout_gpu_ids)
+    assert (site.bundle, site.base_gpu_id) == (2, 2)

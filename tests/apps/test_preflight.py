@@ -6,6 +6,7 @@ here the app runs them and raises their errors with their exception class.
 
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -127,13 +128,30 @@ def test_plugin_paths_resolve_before_anything_starts(tmp_path, monkeypatch):
         ("--buffer-filter-path", "def gen(args, rollout_id, buffer, num_samples, extra=1):\n    pass\n", None),
         # The original passes a hook only the keywords it declares: (args, sample) is a valid hook (was refused).
         ("--rollout-sample-hook-path", "def gen(args, sample):\n    pass\n", None),
+        # Keywords the run passes when declared, keyword-only and required here: refused although the run passes
+        # them (slime_core.algorithms.drgrpo, which the run trained with, was refused as `--dry-run`'s one error).
+        ("--custom-pg-loss-reducer-function-path", "from slime_core.algorithms import drgrpo as gen\n", None),
+        (
+            "--custom-generate-function-path",
+            "async def gen(args, sample, sampling_params, *, evaluation):\n    pass\n",
+            None,
+        ),
+        ("--rollout-sample-hook-path", "def gen(args, sample, *, rollout_id):\n    pass\n", None),
+        (
+            "--custom-pg-loss-reducer-function-path",
+            "def gen(total_lengths, response_lengths, loss_masks, per_token, *, cfg):\n    pass\n",
+            r"cannot take the run's call .*missing a required keyword-only argument: 'cfg'",
+        ),
     ],
 )
 def test_plugin_signatures_are_checked_against_the_runs_call(tmp_path, monkeypatch, flag, body, message):
     # The call would otherwise fail mid-run as a TypeError in a Ray worker, without naming the flag.
     import sys
 
+    from slime_core.plugins import forget_loaded_plugins
+
     sys.modules.pop("pf_sig", None)
+    forget_loaded_plugins()  # loads are cached per (path, flag): several cases give one flag pf_sig.gen
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
     _plugin_module(tmp_path, monkeypatch, "pf_sig", body)
@@ -143,6 +161,21 @@ def test_plugin_signatures_are_checked_against_the_runs_call(tmp_path, monkeypat
     else:
         with pytest.raises(ImportError, match=message):
             preflight(_args(data, flag, "pf_sig.gen", *extra))
+
+
+@pytest.mark.parametrize("reducer", ["slime_core.algorithms.drgrpo", "slime_core.algorithms.reducers.drgrpo"])
+def test_the_drgrpo_reducer_is_checked_against_the_flags_before_the_run(tmp_path, reducer):
+    # Its factory raises at the first train step with --calculate-per-token-loss (after Ray, the engines and a
+    # rollout); --dry-run passed it. Without the flag it is accepted: the run trains with it.
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    preflight(_args(data, "--custom-pg-loss-reducer-function-path", reducer))
+    with pytest.raises(ValueError, match=re.escape(
+        f"--custom-pg-loss-reducer-function-path {reducer}: Dr.GRPO divides by the constant "
+        "--rollout-max-response-len, and --calculate-per-token-loss would divide by the token count as well: drop "
+        "--calculate-per-token-loss"
+    )):  # fmt: skip
+        preflight(_args(data, "--custom-pg-loss-reducer-function-path", reducer, "--calculate-per-token-loss"))
 
 
 def test_every_plugin_field_has_a_call_shape_and_the_defaults_bind():

@@ -73,10 +73,11 @@ def test_engine_sites_take_the_first_bundle_of_each_engine_and_fall_back_to_the_
 
 
 def test_an_engine_spanning_two_nodes_is_rejected_naming_the_flag():
-    from slime_app.cluster import check_engines_within_nodes
+    from slime_app.cluster import PlacementError, check_engines_within_nodes
 
     check_engines_within_nodes(["a", "a", "b", "b"], 2)  # two engines, one per node
-    with pytest.raises(ValueError, match=r"engine 1 would span 2 nodes: --rollout-num-gpus-per-engine 2"):
+    # A PlacementError: the command line's one line with exit 2 (a plain ValueError from the run was a traceback).
+    with pytest.raises(PlacementError, match=r"engine 1 would span 2 nodes: --rollout-num-gpus-per-engine 2"):
         check_engines_within_nodes(["a", "a", "a", "b"], 2)
 
 

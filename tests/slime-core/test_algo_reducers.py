@@ -65,3 +65,13 @@ def test_drgrpo_constant_denominator():
         drgrpo(None, LENGTHS, MASKS, False, args=_CONFIG.model_copy(update=dict(rollout_max_response_len=None)))
     with pytest.raises(ValueError, match="per-token"):
         drgrpo(None, LENGTHS, MASKS, True, args=args)
+
+
+def test_drgrpo_says_before_the_run_what_its_factory_would_refuse():
+    # The app's plugin check calls it: each case below is one the factory raises on at the first train step.
+    check = drgrpo.check_config
+    assert check(_CONFIG.model_copy(update=dict(rollout_max_response_len=8))) == []
+    (unset,) = check(_CONFIG.model_copy(update=dict(rollout_max_response_len=None)))
+    assert unset == "Dr.GRPO divides by --rollout-max-response-len, which is not set"
+    (per_token,) = check(_CONFIG.model_copy(update=dict(rollout_max_response_len=8, calculate_per_token_loss=True)))
+    assert "drop --calculate-per-token-loss" in per_token

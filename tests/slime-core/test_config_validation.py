@@ -114,6 +114,30 @@ BROKEN_RULES = [
     ({"rollout_top_k": -5}, "--rollout-top-k -5: top-k is -1 (off) or at least 1, as SGLang takes it"),
     ({"rollout_top_k": 0}, "--rollout-top-k 0: top-k is -1 (off) or at least 1"),
     ({"eval_top_k": 0}, "--eval-top-k 0: top-k is -1 (off) or at least 1"),
+    # Runs that started Ray and the trainer to do nothing (issue 27, pass 51).
+    (
+        {"num_rollout": 0, "eval_interval": 1, "eval_prompt_data": ["d", "d.jsonl"], "debug_train_only": True},
+        "--num-rollout 0 only evaluates, and --debug-train-only (or --load-debug-rollout-data) starts no engine",
+    ),
+    (
+        {"num_rollout": 0, "eval_interval": 1, "eval_prompt_data": ["d", "d.jsonl"], "load_debug_rollout_data": "x"},
+        "--num-rollout 0 only evaluates, and --debug-train-only (or --load-debug-rollout-data) starts no engine",
+    ),
+    ({"start_rollout_id": 3, "num_rollout": 3}, "--start-rollout-id 3 is not below --num-rollout 3: the run would"),
+    # megatron-core's OptimizerParamScheduler asserted these at trainer start; FSDP's decay raised the rate.
+    (
+        {"train_backend": "fsdp", "lr": 1e-4, "min_lr": 1e-3, "lr_decay_style": "cosine"},
+        "--min-lr 0.001 is above --lr 0.0001: the cosine schedule decays from --lr down to --min-lr",
+    ),
+    ({"train_backend": "megatron", "lr": 1e-4, "min_lr": 1e-3}, "--min-lr 0.001 is above --lr 0.0001: the constant"),
+    (
+        {"train_backend": "megatron", "lr": 1e-4, "lr_warmup_iters": 2, "lr_warmup_init": 1e-3},
+        "--lr-warmup-init 0.001 is above --lr 0.0001: the warmup rises from it to --lr",
+    ),
+    (
+        {"advantage_estimator": "ppo", "lr": 1e-3, "critic_lr": 1e-5, "min_lr": 1e-4, "lr_decay_style": "linear"},
+        "--min-lr 0.0001 is above --critic-lr 1e-05: the linear schedule decays from --critic-lr",
+    ),
 ]
 
 
@@ -289,6 +313,14 @@ def test_policy_loss_terms_with_the_sft_loss_are_one_warning_naming_them(caplog)
         "--loss-type sft_loss: --use-kl-loss, --entropy-coef 0.01, --use-tis have no effect (the loss is the "
         "negative log-likelihood of the trained tokens only); drop them"
     ]
+    caplog.clear()
+    config_base._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(**sft, advantage_estimator="ppo")  # a critic trained every step for a loss that reads no value
+    assert [r.getMessage() for r in caplog.records] == [
+        "--loss-type sft_loss: --advantage-estimator ppo (its critic) has no effect (the loss is the negative "
+        "log-likelihood of the trained tokens only); drop them"
+    ]
 
 
 def test_a_cpu_config_builds_without_the_engines_package():
@@ -306,6 +338,24 @@ def test_a_cpu_config_builds_without_the_engines_package():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "disk", out.stderr[-2000:]
+
+
+def test_separate_gpu_engines_default_to_one_engine_of_gpus():
+    # Not colocated and without --rollout-num-gpus, SGLang engines were placed on no GPU of their own (engine 0 on
+    # GPU 0, trainer rank 0's); the original stopped on the None. One engine's GPUs are now reserved for it.
+    assert make(rollout_engine="sglang", rollout_num_gpus_per_engine=2).rollout_num_gpus == 2
+    assert make(rollout_engine="sglang", rollout_num_gpus=4).rollout_num_gpus == 4  # given: kept
+    assert make(rollout_engine="sglang", colocate=True, actor_num_gpus_per_node=4).rollout_num_gpus == 4
+    # No engine GPU to reserve: a CPU engine, outside engines, or no engines at all.
+    assert make(rollout_engine="reference").rollout_num_gpus is None
+    assert make(rollout_engine="sglang", rollout_engine_urls=["http://h:1"]).rollout_num_gpus is None
+    assert make(rollout_engine="sglang", debug_train_only=True).rollout_num_gpus is None
+    # --debug-rollout-only drops --colocate; its engines keep the colocated run's GPUs (the original's rule): they
+    # were one engine on one GPU.
+    rollout_only = make(rollout_engine="sglang", debug_rollout_only=True, colocate=True, actor_num_gpus_per_node=4)
+    assert (rollout_only.colocate, rollout_only.rollout_num_gpus) == (False, 4)
+    cpu = make(rollout_engine="reference", debug_rollout_only=True, colocate=True, actor_num_gpus_per_node=4)
+    assert cpu.rollout_num_gpus is None  # one CPU engine, as before
 
 
 @pytest.mark.parametrize("colocate", [True, False])
@@ -614,3 +664,54 @@ def test_rm_type_is_stripped_as_the_original_reads_it():
         make(rm_type=" ")
     with pytest.raises(ConfigError, match="unknown reward function 'maths'"):
         make(rm_type=" maths")
+
+    # It evaluates whatever the start id (the loop's eval at rollout 0); a start below --num-rollout trains on.
+    assert make(num_rollout=0, eval_interval=1, eval_prompt_data=["a", "a.jsonl"], start_rollout_id=5).num_rollout == 0
+    assert make(num_rollout=3, start_rollout_id=2).start_rollout_id == 2
+
+
+def test_the_liger_head_is_refused_where_its_first_log_prob_forward_would_fail(monkeypatch):
+    # Both stopped the run at its first train step, after the engines and the first rollout (issue 27, pass 51).
+    import importlib.util
+
+    if importlib.util.find_spec("liger_kernel") is None:
+        with pytest.raises(ConfigError, match=r"--log-probs-head liger needs the liger-kernel package"):
+            make(train_backend="fsdp", log_probs_head="liger")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "liger_kernel" else real(name, *a)
+    )
+    assert make(train_backend="fsdp", log_probs_head="liger").log_probs_head == "liger"
+    with pytest.raises(ConfigError, match=re.escape(
+        "--log-probs-head liger with --rollout-top-p 0.5: liger computes the full softmax and cannot replay the "
+        "engine's top-p sets; use --log-probs-head fused"
+    )):  # fmt: skip
+        make(train_backend="fsdp", log_probs_head="liger", rollout_top_p=0.5)
+    assert make(train_backend="fsdp", log_probs_head="fused", rollout_top_p=0.5).rollout_top_p == 0.5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        ({"debug_rollout_only": True}, "--debug-rollout-only (no trainer runs)"),
+        (
+            {"num_rollout": 0, "eval_interval": 1, "eval_prompt_data": ["d", "d.jsonl"]},
+            "--num-rollout 0 (an eval-only run: nothing is trained)",
+        ),
+    ],
+)
+def test_saves_of_a_run_that_trains_nothing_say_that_nothing_is_saved(caplog, overrides, why):
+    # The loop saves and exports after trained rollouts only: the folders stayed empty, unannounced.
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(save="/ck", save_hf="/hf", **overrides)
+        make(save="/ck", save_hf="/hf")  # a training run writes both: no second line
+    assert [r.getMessage() for r in caplog.records if "nothing is saved" in r.getMessage()] == [
+        f"--save and --save-hf: nothing is saved with {why}; checkpoints and HF exports follow trained rollouts"
+    ]
+
+
+def test_lr_bounds_a_schedule_does_not_read_stay_accepted():
+    # FSDP's constant schedule reads no --min-lr; FSDP warms up from --lr-warmup-init whatever its size.
+    assert make(train_backend="fsdp", lr=1e-4, min_lr=1e-3).min_lr == 1e-3
+    assert make(train_backend="fsdp", lr=1e-4, lr_warmup_iters=2, lr_warmup_init=1e-3).lr_warmup_init == 1e-3
+    assert make(train_backend="megatron", lr=1e-4, lr_warmup_init=1e-3).lr_warmup_init == 1e-3  # no warmup

@@ -154,6 +154,18 @@ def test_the_config_imports_without_torch():
             "(--lambd is read by ppo)",
         ),
         ("ppo", {"gamma": 0.9, "lambd": 0.5}, None),
+        # The reward-shaping KL: GRPO-family advantages broadcast the reward (the original's get_grpo_returns too),
+        # so --kl-coef loaded a reference model and changed nothing, unannounced (issue 27, pass 51).
+        (
+            "grpo",
+            {"kl_coef": 0.05, "hf_checkpoint": "m"},
+            "--kl-coef 0.05: no effect with --advantage-estimator grpo, which does not read it (--kl-coef is read by "
+            "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, ppo); the reward KL is still computed and "
+            "logged as rollout/kl",
+        ),
+        ("rloo", {"kl_coef": 0.05, "hf_checkpoint": "m"}, None),
+        ("reinforce_plus_plus_baseline", {"kl_coef": 0.05, "hf_checkpoint": "m", "normalize_advantages": True}, None),
+        ("ppo", {"kl_coef": 0.05, "hf_checkpoint": "m"}, None),
         # A custom advantage function gets `args` and may read them.
         ("grpo", {"gamma": 0.9, "custom_advantage_function_path": "my.adv"}, None),
     ],
@@ -172,5 +184,5 @@ def test_gamma_and_lambd_an_estimator_does_not_read_warn_once_in_one_line(
 
 
 def test_a_spec_reads_only_known_estimator_flags():
-    with pytest.raises(ValueError, match=r"estimator 'x': reads \['gama'\], not among \('gamma', 'lambd'\)"):
+    with pytest.raises(ValueError, match=r"estimator 'x': reads \['gama'\], not among \('gamma', 'lambd', 'kl_coef'\)"):
         EstimatorSpec(name="x", advantages=_advantages, rewards="none", reads=("gama",))

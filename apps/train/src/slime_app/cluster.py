@@ -167,12 +167,13 @@ def check_engines_within_nodes(rollout_nodes: list[str], gpus_per_engine: int) -
         gpus_per_engine: `--rollout-num-gpus-per-engine`.
 
     Raises:
-        ValueError: an engine's bundles are on several nodes (naming the engine and the flag).
+        PlacementError: an engine's bundles are on several nodes (naming the engine and the flag); the command line
+            prints it as one line (exit 2), as any layout the cluster cannot hold (it was a traceback).
     """
     for start in range(0, len(rollout_nodes), gpus_per_engine):
         nodes = set(rollout_nodes[start : start + gpus_per_engine])
         if len(nodes) > 1:
-            raise ValueError(
+            raise PlacementError(
                 f"engine {start // gpus_per_engine} would span {len(nodes)} nodes: --rollout-num-gpus-per-engine "
                 f"{gpus_per_engine} must divide the rollout GPUs of each node"
             )

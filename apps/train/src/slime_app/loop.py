@@ -219,10 +219,10 @@ class Run:
         self.start_rollout_id = start = self.build()
         self.train_end = time.perf_counter()  # the original's perf/train_wait_time starts when the trainer is up
         if start >= cfg.num_rollout > 0:  # as the original, nothing runs; it said nothing either
-            origin = "--start-rollout-id" if cfg.start_rollout_id is not None else f"--load {cfg.load}"
+            # (--start-rollout-id past --num-rollout is refused with the flags: only a checkpoint's id gets here.)
             logger.warning(
-                "nothing to train: the run starts at rollout %d (%s) and --num-rollout is %d; raise --num-rollout to "
-                "train on", start, origin, cfg.num_rollout,
+                "nothing to train: the run starts at rollout %d (--load %s) and --num-rollout is %d; raise "
+                "--num-rollout to train on", start, cfg.load, cfg.num_rollout,
             )  # fmt: skip
         if start > 0 and cfg.load and start < cfg.num_rollout:
             load_run_state(cfg.load, start - 1, self._state_keepers)  # goodput/cum/*, instability baselines go on

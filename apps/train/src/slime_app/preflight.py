@@ -56,11 +56,21 @@ PLUGIN_CALLS: dict[str, tuple[int, tuple[str, ...], str]] = {
 }
 
 
+# Keywords the run passes only to a plugin whose signature names them (the original's `_accepted_kwargs`): bound
+# when declared, so a keyword-only one without a default (drgrpo's `*, args`) is not refused.
+DECLARED_KEYWORDS: dict[str, tuple[str, ...]] = {
+    "custom_generate_function_path": ("evaluation",),  # slime_rollout.generation.group_rollout
+    "rollout_sample_hook_path": ("evaluation", "rollout_id"),  # ditto
+    "custom_pg_loss_reducer_function_path": ("args",),  # slime_core.algorithms.objective
+}
+
+
 def check_plugin_call(fn: object, field: str, flag: str, path: str) -> None:
     """Checks that `fn`'s signature accepts the call the run will make (`PLUGIN_CALLS[field]`).
 
     A wrong signature otherwise surfaces mid-run as a TypeError inside a Ray worker. Callables without an
-    introspectable signature (builtins) are not checked.
+    introspectable signature (builtins) are not checked. The keywords of `DECLARED_KEYWORDS[field]` that the
+    signature names are bound too, as the run passes them.
 
     Raises:
         slime_core.plugins.PluginError: the call cannot bind (message names the flag, path and both signatures).
@@ -74,12 +84,25 @@ def check_plugin_call(fn: object, field: str, flag: str, path: str) -> None:
         signature = inspect.signature(fn)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return
+    declared = [k for k in DECLARED_KEYWORDS.get(field, ()) if k in signature.parameters]
     try:
-        signature.bind(*([None] * n_positional), **dict.fromkeys(keywords))
+        signature.bind(*([None] * n_positional), **dict.fromkeys((*keywords, *declared)))
     except TypeError as e:
         raise PluginError(
             f"{flag} {path}: its signature {signature} cannot take the run's call {shown} ({e})"
         ) from None
+
+
+def check_plugin_config(fn: object, cfg: SlimeArgs, flag: str, path: str) -> None:
+    """Runs a plugin's own `check_config(cfg) -> list[str]` when it has one (e.g. `slime_core.algorithms.drgrpo`).
+
+    Raises:
+        ValueError: the first problem it reports (message names the flag and path).
+    """
+    check = getattr(fn, "check_config", None)
+    problems = check(cfg) if callable(check) else []
+    if problems:
+        raise ValueError(f"{flag} {path}: {problems[0]}")
 
 
 def _plugin_paths(cfg: SlimeArgs) -> list[tuple[str, str, str]]:
@@ -107,6 +130,7 @@ def _check_plugins(cfg: SlimeArgs) -> None:
 
     Raises:
         slime_core.plugins.PluginError: the first plugin that does not resolve (message names the flag).
+        ValueError: a plugin's own `check_config` refuses the flags (`check_plugin_config`).
     """
     from slime_core.plugins import PluginError
     from slime_rollout.plugins import load_function
@@ -118,7 +142,8 @@ def _check_plugins(cfg: SlimeArgs) -> None:
             # driver ~2 CPU-s on every run (the rollout actor imports it for the run).
             continue
         try:
-            check_plugin_call(load_function(path, flag=flag), field, flag, path)
+            fn = load_function(path, flag=flag)
+            check_plugin_call(fn, field, flag, path)
         except PluginError as e:
             missing = e.missing_dependency
             if missing is None:
@@ -132,6 +157,8 @@ def _check_plugins(cfg: SlimeArgs) -> None:
             if not remote:
                 raise PluginError(f"{e} (install it in this environment: the run's workers use it too)") from e
             logger.warning("%s (left to the workers of the remote cluster)", e)
+            continue
+        check_plugin_config(fn, cfg, flag, path)
 
 
 def _check_architecture(cfg: SlimeArgs) -> list[str]:

@@ -50,7 +50,7 @@ of the other samples (RLOO), `none` keeps the raw reward."""
 
 _REWARD_NORMALIZATIONS = ("group_mean_std", "group_mean", "leave_one_out", "none")
 
-ESTIMATOR_FLAGS = ("gamma", "lambd")
+ESTIMATOR_FLAGS = ("gamma", "lambd", "kl_coef")
 """Config fields of the advantage math that only some estimators read (`EstimatorSpec.reads`): set away from their
 defaults with an estimator that does not read them, they change nothing and validation warns once."""
 
@@ -154,10 +154,11 @@ class EstimatorSpec:
         used_by = "; ".join(
             f"{field_to_flag(f)} is read by {', '.join(r) or 'no built-in'}" for f, r in readers.items()
         )
+        still = "; the reward KL is still computed and logged as rollout/kl" if "kl_coef" in unread else ""
         warn_once(
             f"estimator_unread:{self.name}:{','.join(unread)}",
             f"{set_flags}: no effect with --advantage-estimator {self.name}, which does not read "
-            f"{'them' if len(unread) > 1 else 'it'} ({used_by})",
+            f"{'them' if len(unread) > 1 else 'it'} ({used_by}){still}",
         )
 
     def preflight_problems(self, cfg: SlimeArgs) -> list[Problem]:
@@ -299,6 +300,7 @@ register_estimator(
         name="rloo",  # Ahmadian et al. 2024
         advantages=_ADVANTAGES + "rloo_advantages",
         rewards="leave_one_out",
+        reads=("kl_coef",),  # the reward-shaping KL
     )
 )
 register_estimator(
@@ -307,7 +309,7 @@ register_estimator(
         advantages=_ADVANTAGES + "reinforce_plus_plus_advantages",
         rewards="none",
         required_flags=("normalize_advantages",),
-        reads=("gamma",),  # discounted returns
+        reads=("gamma", "kl_coef"),  # discounted returns of the KL-shaped rewards
     )
 )
 register_estimator(
@@ -317,6 +319,7 @@ register_estimator(
         rewards="group_mean",
         reuses_old_log_probs=True,
         required_flags=("normalize_advantages",),
+        reads=("kl_coef",),
     )
 )
 register_estimator(
@@ -325,6 +328,6 @@ register_estimator(
         advantages=_ADVANTAGES + "ppo_gae_advantages",
         rewards="none",
         needs_critic=True,
-        reads=("gamma", "lambd"),  # GAE
+        reads=("gamma", "lambd", "kl_coef"),  # GAE over the KL-shaped rewards
     )
 )

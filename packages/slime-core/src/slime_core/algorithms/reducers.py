@@ -195,3 +195,25 @@ def drgrpo(
         raise ValueError("the drgrpo reducer cannot be combined with --calculate-per-token-loss")
     per_token = sum_of_token(response_lengths, loss_masks)
     return lambda x: per_token(x) / constant
+
+
+def drgrpo_config_problems(cfg: SlimeArgs) -> list[str]:
+    """What `drgrpo` refuses of the run's flags, found before the run starts (it raises at the first train step).
+
+    The app's plugin check calls a reducer factory's `check_config(cfg)` when it has one.
+
+    Returns:
+        One line per problem (empty: the flags suit it).
+    """
+    problems = []
+    if not isinstance(cfg.rollout_max_response_len, int) or cfg.rollout_max_response_len <= 0:
+        problems.append("Dr.GRPO divides by --rollout-max-response-len, which is not set")
+    if cfg.calculate_per_token_loss:
+        problems.append(
+            "Dr.GRPO divides by the constant --rollout-max-response-len, and --calculate-per-token-loss would divide "
+            "by the token count as well: drop --calculate-per-token-loss"
+        )
+    return problems
+
+
+drgrpo.check_config = drgrpo_config_problems  # type: ignore[attr-defined]

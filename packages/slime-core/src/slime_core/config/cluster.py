@@ -33,7 +33,8 @@ class ClusterArgs(ArgsGroup):
     rollout_num_gpus: int | None = arg(
         None,
         "Number of GPUs for rollout engines; with --colocate defaults to the actor GPU count "
-        "(a larger value adds rollout-only GPUs); 0 (no engine started) only with --rollout-engine-urls or "
+        "(a larger value adds rollout-only GPUs), without it a GPU engine (SGLang) gets one engine's GPUs of its own "
+        "(--rollout-num-gpus-per-engine); 0 (no engine started) only with --rollout-engine-urls or "
         "--debug-train-only.",
         ge=0,
     )

@@ -54,7 +54,12 @@ class AlgorithmArgs(ArgsGroup):
     eps_clip_high: float | None = arg(None, "PPO clip range upper epsilon (default: --eps-clip).", ge=0)
     eps_clip_c: float | None = arg(None, "Dual-clip constant c (> 1) bounding the loss for negative advantages.")
     value_clip: float = arg(0.2, "Value-function clip range for the critic.", ge=0)
-    kl_coef: float = arg(0.0, "KL penalty coefficient in the reward (reward shaping).", ge=0)
+    kl_coef: float = arg(
+        0.0,
+        "KL penalty coefficient in the reward (reward shaping) of rloo, REINFORCE++ and PPO; non-zero with another "
+        "estimator: a one-line warning (it has no effect there, as in the original).",
+        ge=0,
+    )
     use_kl_loss: bool = arg(False, "Add a KL(actor || ref) loss term.")
     kl_loss_coef: float = arg(0.0, "Coefficient of the KL loss term.", ge=0)
     kl_loss_type: KlType = arg("k1", "KL estimator: k1, k2, k3 or low_var_kl (clamped k3).")
@@ -208,7 +213,8 @@ class FsdpArgs(ArgsGroup):
         "function and a hand-written backward; qwen3-0.6b on one H200: 1.14 s per train() against fp32out's 1.55 s, "
         "30.5 against 50.6 GiB peak; with --rollout-top-p < 1 it runs fp32out, logged), fp32 (exact; CPU default), "
         "fp32out (bf16 tensor cores, fp32 accumulation and logits, autograd backward), tf32, bf16 (bf16 matmul and "
-        "logits, fp32 softmax), liger (liger-kernel fused linear cross-entropy, optional dependency). "
+        "logits, fp32 softmax), liger (liger-kernel fused linear cross-entropy, optional dependency; not with "
+        "--rollout-top-p < 1). "
         "--train-backend megatron: unset = megatron-core's bf16 logits on every position; fused = the same fused head "
         "on the response rows' final hidden states (needs --tensor-model-parallel-size 1); the others are refused.",
     )

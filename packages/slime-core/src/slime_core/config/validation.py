@@ -116,6 +116,9 @@ def _debug_modes(args: SlimeArgs) -> None:
     if args.debug_rollout_only and (args.colocate or args.offload):
         # No trainer runs, so there is nothing to share GPUs with or to offload.
         warn_once("debug_rollout_colocate", "--debug-rollout-only: ignoring --colocate/--offload (no trainer runs)")
+        if args.colocate and args.rollout_num_gpus is None and _gpu_engine(args):
+            # The GPUs the colocated run's engines would have had, as the original: its engines, not one.
+            args.rollout_num_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
         args.colocate = False
         args.offload = False
         args.offload_train = False
@@ -163,12 +166,34 @@ def _placement(args: SlimeArgs) -> None:
         )
     if args.colocate and args.rollout_num_gpus is None:
         args.rollout_num_gpus = actor_gpus
+    if args.rollout_num_gpus is None and _engines_need_own_gpus(args):
+        # Else the placement reserved no GPU for the engine, which then started on GPU 0 next to trainer rank 0
+        # (--dry-run reported one engine on GPUs of its own); the original stopped on None in its placement.
+        args.rollout_num_gpus = args.rollout_num_gpus_per_engine
     if args.colocate and args.rollout_num_gpus is not None and 0 < args.rollout_num_gpus < actor_gpus:
         raise ConfigError(
             f"--rollout-num-gpus {args.rollout_num_gpus} is smaller than the {actor_gpus} actor GPUs; "
             "with --colocate it must be 0 or at least --actor-num-nodes * --actor-num-gpus-per-node"
         )
     _engine_gpus(args)
+
+
+def _engines_need_own_gpus(args: SlimeArgs) -> bool:
+    """Whether the run starts GPU engines (`RolloutEngineSpec.needs_gpu`) that share no GPU with the trainer.
+
+    A CPU engine (the reference one) needs no bundle; an engine whose package is not installed here starts nowhere.
+    """
+    if args.colocate or args.rollout_engine_urls or args.debug_train_only:
+        return False
+    return _gpu_engine(args)
+
+
+def _gpu_engine(args: SlimeArgs) -> bool:
+    """Whether `--rollout-engine`'s record needs a GPU; False when its package is not installed here."""
+    try:
+        return engine_spec(args).needs_gpu
+    except (ImportError, KeyError):  # a trainer-only environment: nothing here starts engines
+        return False
 
 
 def colocated_gpu_split(args: SlimeArgs) -> tuple[int, int]:
@@ -260,6 +285,19 @@ def _num_rollout(args: SlimeArgs) -> None:
             "--num-rollout 0 trains nothing; with --eval-interval (and --eval-prompt-data or --eval-config) it "
             "evaluates the loaded model once, as the original's eval-only run"
         )
+    if args.num_rollout == 0 and args.debug_train_only:
+        # The eval-only run's one eval needs engines, which these modes do not start: it started Ray and the trainer,
+        # said that no eval runs, and ended (the original stopped on the missing engines in its eval).
+        raise ConfigError(
+            "--num-rollout 0 only evaluates, and --debug-train-only (or --load-debug-rollout-data) starts no engine "
+            "to evaluate with: drop one of them"
+        )
+    if args.start_rollout_id is not None and args.num_rollout and args.start_rollout_id >= args.num_rollout:
+        # The loop runs rollouts start..num_rollout-1 and evaluates no --start-rollout-id start: nothing ran.
+        raise ConfigError(
+            f"--start-rollout-id {args.start_rollout_id} is not below --num-rollout {args.num_rollout}: the run "
+            "would train nothing (rollout ids start..num_rollout-1); raise --num-rollout or lower --start-rollout-id"
+        )
     if args.num_epoch is not None and args.disable_rollout_global_dataset:
         raise ConfigError(
             "--num-epoch counts passes over --prompt-data; with --disable-rollout-global-dataset give --num-rollout"
@@ -336,7 +374,8 @@ def _algorithm(args: SlimeArgs) -> None:
 def _policy_terms_without_effect(args: SlimeArgs) -> None:
     """Warns once about policy-loss terms given with `--loss-type sft_loss`, whose NLL reads none of them.
 
-    The original's `sft_loss_function` ignores them too; a KL loss still loads and runs the reference model.
+    The original's `sft_loss_function` ignores them too; a KL loss still loads and runs the reference model, and PPO
+    still trains its critic.
     """
     given = [
         flag
@@ -346,6 +385,8 @@ def _policy_terms_without_effect(args: SlimeArgs) -> None:
             (f"--entropy-coef {args.entropy_coef}", args.entropy_coef != 0),
             ("--use-tis", args.use_tis),
             ("--use-opsm", args.use_opsm),
+            # Its critic still trains every step (a value model's memory and compute): its values feed advantages.
+            (f"--advantage-estimator {args.advantage_estimator} (its critic)", args.use_critic),
         )
         if on
     ]
@@ -472,8 +513,29 @@ def _checkpoint_and_dumps(args: SlimeArgs) -> None:
         raise ConfigError("--save-interval requires --save")
     _no_tilde_paths(args)
     check_save_hf(args)
+    _saves_without_training(args)
     if args.dump_details is not None and args.save_debug_rollout_data is None:
         args.save_debug_rollout_data = os.path.join(args.dump_details, "rollout_data", "{rollout_id}.pt")
+
+
+def _saves_without_training(args: SlimeArgs) -> None:
+    """Warns once when `--save` / `--save-hf` are given to a run that trains nothing, so writes neither.
+
+    The loop saves and exports after trained rollouts only (as the original's train.py): an eval-only run and a
+    `--debug-rollout-only` run ended with the folders empty and no word of it.
+    """
+    if args.debug_rollout_only:
+        why = "--debug-rollout-only (no trainer runs)"
+    elif args.num_rollout == 0:
+        why = "--num-rollout 0 (an eval-only run: nothing is trained)"
+    else:
+        return
+    given = [field_to_flag(f) for f in ("save", "save_hf") if getattr(args, f) is not None]
+    if given:
+        warn_once(
+            "saves_without_training",
+            f"{' and '.join(given)}: nothing is saved with {why}; checkpoints and HF exports follow trained rollouts",
+        )
 
 
 def _weight_sync(args: SlimeArgs) -> None:

@@ -29,7 +29,9 @@ def check_trainer_flags(args: SlimeArgs) -> None:
         ConfigError: `--lr-decay-style`, `--optimizer` or `--fp16` the backend does not implement;
             `--use-dynamic-batch-size` without `--max-tokens-per-gpu`; `--balance-by-flops` without it;
             `--attn-implementation` with Megatron, unknown, or needing a package that is not installed;
-            FSDP's memory flags (`--gradient-checkpointing`, `--fsdp-cpu-offload`) with a megatron-core backend.
+            FSDP's memory flags (`--gradient-checkpointing`, `--fsdp-cpu-offload`) with a megatron-core backend;
+            `--log-probs-head liger` without liger-kernel or with `--rollout-top-p` < 1; `--min-lr` (or a Megatron
+            warmup's `--lr-warmup-init`) above `--lr` / `--critic-lr`.
     """
     spec = train_backend_spec(args)
     styles = spec.lr_decay_styles
@@ -49,7 +51,9 @@ def check_trainer_flags(args: SlimeArgs) -> None:
             "scaling); use --bf16, or --train-backend megatron"
         )
     _micro_batching(args)
+    _lr_bounds(args)
     _attention(args)
+    _log_probs_head(args)
     _fsdp_flags(args)
 
 
@@ -97,6 +101,52 @@ def _attention(args: SlimeArgs) -> None:
         raise ConfigError(
             f"--attn-implementation {attn} needs the {module} package, which is not installed here; slime_varlen "
             "(the GPU default) runs torch's own varlen flash attention"
+        )
+
+
+def _lr_bounds(args: SlimeArgs) -> None:
+    """`--min-lr` / `--lr-warmup-init` above a learning rate the schedule decays from or warms up to.
+
+    megatron-core's `OptimizerParamScheduler` asserts `min_lr <= max_lr` and `init_lr <= max_lr` when the trainer
+    starts (after the engines; a bare AssertionError); FSDP's decay raised the rate towards `--min-lr` instead. With
+    `--lr-decay-style constant` FSDP reads neither bound, so that stays accepted there.
+    """
+    megatron = train_backend_spec(args).megatron_native
+    rates = [("--lr", args.lr)]
+    if args.use_critic and args.critic_lr is not None:  # the critic's schedule has the same bounds
+        rates.append(("--critic-lr", args.critic_lr))
+    for flag, rate in rates:
+        if args.min_lr > rate and (megatron or args.lr_decay_style != "constant"):
+            raise ConfigError(
+                f"--min-lr {args.min_lr:g} is above {flag} {rate:g}: the {args.lr_decay_style} schedule decays from "
+                f"{flag} down to --min-lr; lower --min-lr"
+            )
+        warmup = args.lr_warmup_iters or args.lr_warmup_fraction
+        if megatron and warmup and args.lr_warmup_init > rate:
+            raise ConfigError(
+                f"--lr-warmup-init {args.lr_warmup_init:g} is above {flag} {rate:g}: the warmup rises from it to "
+                f"{flag} (megatron-core refuses the schedule); lower --lr-warmup-init"
+            )
+
+
+def _log_probs_head(args: SlimeArgs) -> None:
+    """`--log-probs-head liger` (FSDP; a megatron-core backend's preflight refuses it): its package and top-p replay.
+
+    Both failed at the first log-prob forward, after the engines and the first rollout: liger-kernel's fused loss is
+    an optional dependency, and it computes the full softmax, so it cannot replay the engine's nucleus, which the
+    default generate function asks for with `--rollout-top-p` < 1.
+    """
+    if args.log_probs_head != "liger" or train_backend_spec(args).megatron_native:
+        return
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise ConfigError(
+            "--log-probs-head liger needs the liger-kernel package, which is not installed here; fused (the GPU "
+            "default) or fp32out need nothing more"
+        )
+    if args.rollout_top_p < 1:
+        raise ConfigError(
+            f"--log-probs-head liger with --rollout-top-p {args.rollout_top_p}: liger computes the full softmax and "
+            "cannot replay the engine's top-p sets; use --log-probs-head fused (or fp32out, fp32, tf32, bf16)"
         )
 
 
