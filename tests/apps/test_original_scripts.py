@@ -320,3 +320,24 @@ def test_the_glm47_30b_expert_layout_stops_the_dry_run_with_the_backends_line(tm
         MegatronSettings.from_config(cfg).world_layout(cfg.actor_num_nodes * cfg.actor_num_gpus_per_node)
     assert str(backend.value) == "world size 8 is not divisible by EP×ETP×PP = 8×1×2"
     assert rc == 2 and err.strip() == f"slime: error: --train-backend megatron: {backend.value}"
+
+
+def test_context_parallelism_without_transformer_engine_is_named_at_the_dry_run(tmp_path, capsys, monkeypatch):
+    """run-glm4-9B's `--context-parallel-size 2` needs Transformer Engine's layer spec: with `--transformer-impl local`
+    the dry run said the configuration was valid and every trainer rank then stopped at start; unset, the dry run
+    cannot see the trainer machines' packages, so it says what they need."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformer_engine" else
+                        find_spec(name, *a))  # fmt: skip
+    script = FIXTURES / "original-scripts" / "run-glm4-9B.args"
+    need = (
+        "--train-backend megatron: --context-parallel-size > 1 needs Transformer Engine (--transformer-impl "
+        "transformer_engine): the local spec's attention (--attention-backend flash) has no context-parallel exchange"
+    )
+    rc, _, err = _dry_run(script, tmp_path, capsys, "--transformer-impl", "local")
+    assert rc == 2 and err.strip() == f"slime: error: {need}"
+    rc, out, err = _dry_run(script, tmp_path, capsys)
+    assert rc == 0, err
+    assert f"  {need}. Transformer Engine is not importable here: a trainer machine without it stops at start\n" in out

@@ -1,13 +1,15 @@
 """The run's phases: events, plain log lines without a terminal, the live line's text in one."""
 
 import io
+import itertools
 import logging
+import threading
 
 import pytest
 from rich.console import Console
 
 from slime_app import loop, rollout_schedule
-from slime_app.progress import PhaseEvent, RunProgress
+from slime_app.progress import PhaseEvent, RunProgress, heartbeat_delays
 from slime_core.config import SlimeArgs
 
 
@@ -48,6 +50,83 @@ def test_without_a_terminal_each_phase_is_two_plain_log_lines(caplog):
     ]
     progress.stop()
     assert progress.console.file.getvalue() == ""  # no bar, no escape codes in a log file
+
+
+def test_heartbeat_delays_double_from_a_minute_up_to_ten():
+    assert list(itertools.islice(heartbeat_delays(), 7)) == [60, 120, 240, 480, 600, 600, 600]
+
+
+class GatedClock(FakeClock):
+    """A fake clock whose readings from other threads (the heartbeat) wait until the test has set the time."""
+
+    def __init__(self):
+        super().__init__()
+        self.ready = threading.Event()
+
+    def __call__(self):
+        if threading.current_thread() is not threading.main_thread():
+            assert self.ready.wait(30)
+        return self.now
+
+
+class _Seen(logging.Handler):
+    """Sets an event when a record's message holds `text`."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.text, self.event = text, threading.Event()
+
+    def emit(self, record):
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+def test_without_a_terminal_a_long_phase_says_it_is_still_running(caplog):
+    # Ray's start-up took 8 min on a loaded 2-core machine with no line between "started" and "done" in a log file.
+    clock = GatedClock()
+    console = Console(file=io.StringIO(), force_terminal=False)
+    progress = RunProgress(console, clock=clock, heartbeat_s=0.01)
+    seen = _Seen("still running")
+    logger = logging.getLogger("slime_app.progress")
+    logger.addHandler(seen)
+    try:
+        with caplog.at_level(logging.INFO, logger="slime_app.progress"):
+            with progress.phase("ray", detail="local node and placement group"):
+                clock.now += 75.0
+                clock.ready.set()
+                assert seen.event.wait(30), "no still-running line while the phase ran"
+                clock.now += 5.0
+            after_end = len(caplog.records)
+            seen.event.clear()
+            assert not seen.event.wait(0.2)  # the phase ended: its heartbeat stopped
+    finally:
+        logger.removeHandler(seen)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == "ray (local node and placement group): started"
+    assert messages[1] == "ray (local node and placement group): still running after 75 s"
+    assert messages[-1] == "ray (local node and placement group): done in 80.0 s"
+    assert len(caplog.records) == after_end
+
+
+def test_only_the_innermost_phase_says_it_is_still_running(caplog):
+    clock = GatedClock()
+    progress = RunProgress(Console(file=io.StringIO(), force_terminal=False), clock=clock, heartbeat_s=0.01)
+    seen = _Seen("still running")
+    logger = logging.getLogger("slime_app.progress")
+    logger.addHandler(seen)
+    try:
+        with caplog.at_level(logging.INFO, logger="slime_app.progress"):
+            with progress.phase("rollout", rollout_id=4):
+                with progress.phase("weight sync"):
+                    clock.now += 61.0
+                    clock.ready.set()
+                    assert seen.event.wait(30)
+                    seen.event.clear()
+                    assert seen.event.wait(30)  # a second one: the outer phase's thread kept quiet meanwhile
+    finally:
+        logger.removeHandler(seen)
+    running = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert len(running) >= 2 and set(running) == {"weight sync: still running after 61 s"}
 
 
 def test_a_failing_phase_still_ends_and_says_it_failed(caplog):

@@ -79,13 +79,41 @@ def test_qwen2_llama_moe_variants():
     assert moe.transformer_config_kwargs()["num_moe_experts"] == 8
 
 
+def test_llama3_rope_scaling_becomes_megatrons():
+    # The published Llama-3.1-8B-Instruct config.json's fields.
+    rope = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+            "rope_type": "llama3"}  # fmt: skip
+    llama = {**QWEN3_4B, "model_type": "llama", "head_dim": None, "rope_theta": 500000.0, "rope_scaling": rope}
+    args = ModelArgs.from_hf_config(llama)
+    assert args.rope_scaling_factor == 8.0 and args.rotary_base == 500000.0
+    assert args.gpt_model_kwargs()["rope_scaling"] is True and args.gpt_model_kwargs()["rope_scaling_factor"] == 8.0
+    flags = args.megatron_flags()
+    assert flags[flags.index("--use-rope-scaling") :][:3] == ["--use-rope-scaling", "--rotary-scaling-factor", "8"]
+    assert "rope_scaling" not in ModelArgs.from_hf_config(QWEN3_4B).gpt_model_kwargs()  # plain RoPE: no scaling
+
+
 @pytest.mark.parametrize(
     ("patch", "match"),
     [
         ({"model_type": "gpt2"}, "not supported"),
         ({"num_key_value_heads": 5}, "multiple"),
         ({"hidden_act": "gelu"}, "silu"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4}}, "rope_scaling"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4}}, r"rope_scaling=\{'rope_type': 'yarn'"),
+        # transformers >= 5 writes the scaling as rope_parameters: it was read as plain RoPE.
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4, "rope_theta": 1e6}}, r"rope_parameters=\{'rope_type"),
+        # megatron-core's llama3 scaling fixes the other three parameters at Llama 3.1's values.
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 4096,
+                }
+            },
+            "fixes low_freq_factor=1, high_freq_factor=4",
+        ),
         ({"hidden_size": None}, "hidden_size"),
     ],
 )

@@ -16,6 +16,19 @@ FAMILIES = {
     "qwen3": dict(head_dim=32, tie_word_embeddings=False),
     "qwen2": dict(tie_word_embeddings=True),
     "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    # Llama 3.1: RoPE frequencies scaled by 'llama3' (written by transformers 5 as rope_parameters).
+    "llama": dict(
+        head_dim=32,
+        tie_word_embeddings=False,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),  # fmt: skip
     # GLM-4-0414: q/k/v biases, interleaved RoPE on half of each head, sandwich norms, fused gate_up_proj.
     "glm4": dict(
         head_dim=16,

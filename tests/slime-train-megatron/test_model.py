@@ -1,5 +1,7 @@
 """CPU checks of the Megatron model path: build from HF config, direct HF load, HF export, THD log-probs."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -22,7 +24,7 @@ def _build(hf_dir):
     return model, model_args
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "qwen3_moe", "glm4"])
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "qwen3_moe", "glm4", "llama"])
 def test_direct_hf_load_export_and_logits(model_type, tiny_hf, megatron_cpu_world):
     from safetensors.torch import load_file
 
@@ -46,6 +48,47 @@ def test_direct_hf_load_export_and_logits(model_type, tiny_hf, megatron_cpu_worl
     with torch.no_grad():
         logits = model(tokens, torch.arange(6)[None], attention_mask=mask)
     torch.testing.assert_close(logits[..., :300], hf_model(tokens).logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("spelling", ["rope_parameters", "rope_scaling"])  # transformers >= 5 / < 5 config.json
+def test_llama3_rope_scaling_matches_hf_at_long_positions(spelling, tiny_hf, megatron_cpu_world, tmp_path):
+    """Llama 3.1's 'llama3' RoPE scaling reaches megatron-core (it was refused as written by transformers < 5, and
+    taken for plain RoPE as written by transformers 5, whose logits differ from HF's past a few hundred tokens)."""
+    import json
+    import shutil
+
+    hf_model, hf_dir = tiny_hf("llama")
+    config = json.loads((hf_dir / "config.json").read_text())
+    if spelling == "rope_scaling":  # the published Llama-3.1 config.json (transformers 4.42)
+        params = config.pop("rope_parameters")
+        config["rope_theta"] = params.pop("rope_theta")
+        config["rope_scaling"] = params
+        hf_dir = shutil.copytree(hf_dir, tmp_path / "hf")
+        (hf_dir / "config.json").write_text(json.dumps(config))
+    model, model_args = _build(hf_dir)
+    assert model_args.rope_scaling_factor == 8.0
+    assert model_args.megatron_flags()[-3:] == ["--use-rope-scaling", "--rotary-scaling-factor", "8"]
+    # Positions 0..599: the head's middle frequencies (wavelengths 2k-8k tokens) turn by up to ~2 rad, scaled or not.
+    n = 600
+    tokens = torch.randint(0, 300, (1, n), generator=torch.Generator().manual_seed(0))
+    mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1)[None, None]
+    with torch.no_grad():
+        logits = model(tokens, torch.arange(n)[None], attention_mask=mask)[..., :300]
+        expected = hf_model(tokens).logits
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)  # fp32
+    # The frequencies themselves, against HF's (the low ones divided by 8, the middle ones blended).
+    inv_freq = model.rotary_pos_emb.inv_freq
+    torch.testing.assert_close(inv_freq, hf_model.model.rotary_emb.inv_freq.to(inv_freq), atol=0, rtol=1e-6)
+    # The logits check can fail: plain RoPE (the scaling dropped) misses it (by 5e-4 on this random model).
+    plain = dataclasses.replace(model_args, rope_scaling_factor=None)
+    settings = MegatronSettings(fp32=True, transformer_impl="local")
+    from slime_train_megatron.model import build_gpt_model, build_transformer_config
+
+    unscaled = build_gpt_model(plain, settings, build_transformer_config(plain, settings, cpu=True)).eval()
+    unscaled.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        wrong = unscaled(tokens, torch.arange(n)[None], attention_mask=mask)[..., :300]
+    assert (wrong - expected).abs().max() > 2e-4
 
 
 def test_glm4_torch_dist_checkpoint_loads_strictly(tiny_hf, megatron_cpu_world, tmp_path):

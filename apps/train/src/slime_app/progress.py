@@ -6,10 +6,11 @@ then per step `rollout`, `train` (`compile+train` for the first step when `--fsd
 decoder layers at their first forward), `save`, `weight sync`, and `eval`.
 
 In a terminal, one rich line shows the current phase with its own timer next to the rollout bar (m/n, elapsed,
-remaining), live from the first phase on. Without a terminal (a log file, CI) nothing is redrawn: each phase logs
-one plain line when it starts and one with its seconds when it ends ("done in X s", or "failed after X s: <exception
-type>" when it raised). Either way every start and end is kept as a
-`PhaseEvent` (tests read them).
+remaining), live from the first phase on. Without a terminal (a log file, CI, `ray job submit`) nothing is redrawn:
+each phase logs one plain line when it starts and one with its seconds when it ends ("done in X s", or "failed after
+X s: <exception type>" when it raised), and while it runs, "still running after X s" lines at 1, 3, 7 and 15 minutes,
+then every 10 (the innermost phase only), so a slow start-up or a long rollout does not look like a hang. Either
+way every start and end is kept as a `PhaseEvent` (tests read them).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -61,6 +63,20 @@ class PhaseEvent:
     error: str = ""
 
 
+# Seconds between a plain-log phase's "still running" lines: the first after HEARTBEAT_FIRST_S, each next one twice as
+# late, at most HEARTBEAT_MAX_S apart (a 30-minute rollout logs 6 of them).
+HEARTBEAT_FIRST_S = 60.0
+HEARTBEAT_MAX_S = 600.0
+
+
+def heartbeat_delays(first_s: float = HEARTBEAT_FIRST_S, max_s: float = HEARTBEAT_MAX_S) -> Iterator[float]:
+    """Seconds to wait before each "still running" line of one phase: first_s, 2·first_s, 4·first_s, ... ≤ max_s."""
+    delay = first_s
+    while True:
+        yield delay
+        delay = min(delay * 2, max_s)
+
+
 def _label(name: str, rollout_id: int | None, detail: str) -> str:
     text = name if rollout_id is None else f"{name} {rollout_id}"
     return f"{text} ({detail})" if detail else text
@@ -88,6 +104,7 @@ class RunProgress:
         console: where to draw (default: stdout); `console.is_terminal` decides live or plain.
         live: force live drawing on or off (default: whether `console` is a terminal).
         clock: monotonic seconds (tests pass a fake).
+        heartbeat_s: seconds before a plain-log phase's first "still running" line (`heartbeat_delays`).
 
     Attributes:
         events: every phase start and end so far.
@@ -100,11 +117,14 @@ class RunProgress:
         *,
         live: bool | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        heartbeat_s: float = HEARTBEAT_FIRST_S,
     ):
         self.console = console or Console(soft_wrap=True)
         self.live = self.console.is_terminal if live is None else live
         self.clock = clock
+        self.heartbeat_s = heartbeat_s
         self.events: list[PhaseEvent] = []
+        self._open: list[str] = []  # labels of the phases running now, outermost first
         self._progress = Progress(
             _PhaseColumn(clock),
             TextColumn("[bold]rollout"),
@@ -148,8 +168,12 @@ class RunProgress:
         self.events.append(PhaseEvent(kind="start", name=name, rollout_id=rollout_id))
         # The live line stays short (an 80-column terminal clips it); the log lines carry the detail.
         self._progress.update(self._task, phase=_label(name, rollout_id, ""), phase_started=started)
+        stop = threading.Event()
         if not self.live:
             logger.info("%s: started", label)
+            self._open.append(label)
+            beat = (label, started, len(self._open), stop)
+            threading.Thread(target=self._heartbeat, args=beat, name="phase-heartbeat", daemon=True).start()
         error = ""
         try:
             yield
@@ -157,6 +181,9 @@ class RunProgress:
             error = type(e).__name__
             raise
         finally:
+            stop.set()
+            if not self.live:
+                self._open.pop()
             seconds = self.clock() - started
             self.events.append(PhaseEvent(kind="end", name=name, rollout_id=rollout_id, seconds=seconds, error=error))
             self._progress.update(self._task, phase=previous[0], phase_started=previous[1])
@@ -165,6 +192,14 @@ class RunProgress:
                     logger.info("%s: failed after %.1f s: %s", label, seconds, error)
                 else:
                     logger.info("%s: done in %.1f s", label, seconds)
+
+    def _heartbeat(self, label: str, started: float, depth: int, stop: threading.Event) -> None:
+        """Logs "<phase>: still running after X s" on `heartbeat_delays` until `stop` is set (innermost phase only)."""
+        for delay in heartbeat_delays(self.heartbeat_s, max(self.heartbeat_s, HEARTBEAT_MAX_S)):
+            if stop.wait(delay):
+                return
+            if len(self._open) == depth:  # a nested phase running now reports for both
+                logger.info("%s: still running after %.0f s", label, self.clock() - started)
 
     def print(self, line: str) -> None:
         """Prints a line above the live display (or plainly without a terminal), as it is.

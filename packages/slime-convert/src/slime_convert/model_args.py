@@ -50,6 +50,34 @@ def padded_vocab_size(vocab_size: int, tensor_model_parallel_size: int = 1, divi
     return int(math.ceil(vocab_size / multiple) * multiple)
 
 
+# megatron-core's Llama 3.x RoPE scaling (`RotaryEmbedding._apply_scaling`) fixes these three of HF's `llama3`
+# parameters; only the factor reaches it (`GPTModel(rope_scaling_factor=...)`).
+_MCORE_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _llama3_rope_factor(config: dict[str, Any]) -> float | None:
+    """The Llama 3.x RoPE scaling factor of a config, None for plain RoPE; other scalings raise `ValueError`.
+
+    transformers < 5 writes the scaling as `rope_scaling`, ≥ 5 as `rope_parameters` (with `rope_theta` in it);
+    both are read, so a checkpoint re-saved by transformers 5 is not taken for plain RoPE.
+    """
+    rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+    kind = rope.get("rope_type", rope.get("type"))
+    if kind in (None, "default"):
+        return None
+    field = "/".join(k for k in ("rope_scaling", "rope_parameters") if config.get(k))
+    shown = f"{field}={ {k: v for k, v in rope.items() if k != 'rope_theta'} }"
+    if kind != "llama3":
+        raise ValueError(f"{shown} is not supported (only plain RoPE and Llama 3's 'llama3' scaling)")
+    fixed = {k: rope.get(k) for k in _MCORE_LLAMA3_ROPE}
+    if any(v is None or float(v) != _MCORE_LLAMA3_ROPE[k] for k, v in fixed.items()) or rope.get("factor") is None:
+        raise ValueError(
+            f"{shown} is not supported: megatron-core's 'llama3' scaling takes a factor and fixes "
+            + ", ".join(f"{k}={v:g}" for k, v in _MCORE_LLAMA3_ROPE.items())
+        )
+    return float(rope["factor"])
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ModelArgs:
     """Architecture of a decoder-only model, in Megatron terms.
@@ -87,6 +115,8 @@ class ModelArgs:
         attention_dropout: dropout on the attention probabilities in training (HF `attention_dropout`, which the
             HF attention applies in train mode; `--attention-dropout`). The HF families here have no hidden
             (residual) dropout, so Megatron's `hidden_dropout` stays 0.
+        rope_scaling_factor: Llama 3.x RoPE frequency scaling factor (HF `rope_type: llama3`; 8 for Llama 3.1,
+            32 for Llama 3.2), or None for plain RoPE (`--use-rope-scaling --rotary-scaling-factor`).
     """
 
     model_type: str
@@ -114,6 +144,7 @@ class ModelArgs:
     moe_aux_loss_coeff: float = 0.0
     torch_dtype: str | None = None
     attention_dropout: float = 0.0
+    rope_scaling_factor: float | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -184,9 +215,7 @@ class ModelArgs:
             raise ValueError(f"hidden_act={config.get('hidden_act')!r}: only 'silu' (SwiGLU) is supported")
         if config.get("use_sliding_window"):
             raise ValueError("use_sliding_window=true is not supported")
-        rope_scaling = config.get("rope_scaling")
-        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
-            raise ValueError(f"rope_scaling={rope_scaling} is not supported")
+        rope_scaling_factor = _llama3_rope_factor(config)
         if model_type == "llama" and (config.get("attention_bias") or config.get("mlp_bias")):
             raise ValueError("llama with attention_bias/mlp_bias is not supported")
         rope_parameters = config.get("rope_parameters") or {}
@@ -234,6 +263,7 @@ class ModelArgs:
             fused_gate_up=glm4,
             torch_dtype=config.get("torch_dtype") or config.get("dtype"),
             attention_dropout=float(config.get("attention_dropout") or 0.0),
+            rope_scaling_factor=rope_scaling_factor,
             **moe,
         )
 
@@ -276,6 +306,8 @@ class ModelArgs:
             flags.append("--untie-embeddings-and-output-weights")
         if self.rotary_percent != 1.0:
             flags += ["--rotary-percent", f"{self.rotary_percent:g}"]
+        if self.rope_scaling_factor is not None:
+            flags += ["--use-rope-scaling", "--rotary-scaling-factor", f"{self.rope_scaling_factor:g}"]
         if self.rotary_interleaved:
             flags.append("--rotary-interleaved")
         if self.sandwich_norm:
@@ -329,7 +361,7 @@ class ModelArgs:
 
     def gpt_model_kwargs(self, tensor_model_parallel_size: int = 1) -> dict[str, Any]:
         """Keyword arguments of megatron-core's `GPTModel` besides `config` and `transformer_layer_spec`."""
-        return {
+        kwargs: dict[str, Any] = {
             "vocab_size": self.padded_vocab_size(tensor_model_parallel_size),
             "max_sequence_length": self.max_position_embeddings,
             "position_embedding_type": "rope",
@@ -337,3 +369,6 @@ class ModelArgs:
             "rotary_percent": self.rotary_percent,
             "share_embeddings_and_output_weights": self.tie_word_embeddings,
         }
+        if self.rope_scaling_factor is not None:
+            kwargs.update(rope_scaling=True, rope_scaling_factor=self.rope_scaling_factor)
+        return kwargs

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -31,50 +30,15 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
-from slime_train_megatron.settings import MegatronSettings
+# Re-exported: the check is pure, in settings, where the backend's preflight reads it without megatron-core.
+from slime_train_megatron.settings import AttentionKind, attention_kind
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["AttentionKind", "PackedCoreAttention", "attention_kind", "packed_causal_attention"]
 
-AttentionKind = Literal["packed", "dense", "transformer_engine"]
 _FLASH_DTYPES = (torch.bfloat16, torch.float16)
 _FLASH_MAX_HEAD_DIM = 256  # flash-attention's largest head dim
-
-
-def attention_kind(settings: MegatronSettings, transformer_engine: bool) -> AttentionKind:
-    """Which core attention `--attention-backend` (Megatron-LM's flag) selects for this layer spec.
-
-    - Transformer Engine spec: "transformer_engine" (TE picks flash/fused/unfused from the flag).
-    - Local spec: "packed" for auto/flash (`PackedCoreAttention`, THD rows), "dense" for local (megatron-core's
-      `DotProductAttention` with a `[T, T]` block mask).
-
-    Args:
-        settings: the Megatron settings (`attention_backend`, `context_parallel_size`).
-        transformer_engine: whether the TE layer spec is used (`model.use_transformer_engine`).
-
-    Raises:
-        ValueError: `local` with the TE spec, `fused`/`unfused` without it, or context parallelism without it.
-    """
-    backend = settings.attention_backend
-    if transformer_engine:
-        if backend == "local":
-            raise ValueError(
-                "--attention-backend local selects megatron-core's DotProductAttention, which needs "
-                "--transformer-impl local (Transformer Engine is in use)"
-            )
-        return "transformer_engine"
-    if backend in ("fused", "unfused"):
-        raise ValueError(
-            f"--attention-backend {backend} is a Transformer Engine backend, but the local layer spec is in use "
-            "(Transformer Engine not installed or --transformer-impl local): use auto, flash or local"
-        )
-    if settings.context_parallel_size > 1:
-        raise ValueError(
-            "--context-parallel-size > 1 needs Transformer Engine (--transformer-impl transformer_engine): the "
-            f"local spec's attention (--attention-backend {backend}) has no context-parallel exchange"
-        )
-    return "dense" if backend == "local" else "packed"
 
 
 def _sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int], scale: float):

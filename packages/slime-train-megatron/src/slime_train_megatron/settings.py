@@ -23,7 +23,7 @@ from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HeadKind", "MegatronSettings", "head_kind"]
+__all__ = ["AttentionKind", "HeadKind", "MegatronSettings", "attention_kind", "head_kind"]
 
 #: The actor's log-prob head (`output_head.py`): megatron-core's logits, or the fused head on hidden states.
 HeadKind = Literal["logits", "fused"]
@@ -290,3 +290,41 @@ def head_kind(log_probs_head: str | None, tensor_model_parallel_size: int) -> He
             "it is not vocabulary-parallel; leave --log-probs-head out"
         )
     return "fused"
+
+
+AttentionKind = Literal["packed", "dense", "transformer_engine"]
+
+
+def attention_kind(settings: MegatronSettings, transformer_engine: bool) -> AttentionKind:
+    """Which core attention `--attention-backend` (Megatron-LM's flag) selects for this layer spec.
+
+    - Transformer Engine spec: "transformer_engine" (TE picks flash/fused/unfused from the flag).
+    - Local spec: "packed" for auto/flash (`PackedCoreAttention`, THD rows), "dense" for local (megatron-core's
+      `DotProductAttention` with a `[T, T]` block mask).
+
+    Args:
+        settings: the Megatron settings (`attention_backend`, `context_parallel_size`).
+        transformer_engine: whether the TE layer spec is used (`model.use_transformer_engine`).
+
+    Raises:
+        ValueError: `local` with the TE spec, `fused`/`unfused` without it, or context parallelism without it.
+    """
+    backend = settings.attention_backend
+    if transformer_engine:
+        if backend == "local":
+            raise ValueError(
+                "--attention-backend local selects megatron-core's DotProductAttention, which needs "
+                "--transformer-impl local (Transformer Engine is in use)"
+            )
+        return "transformer_engine"
+    if backend in ("fused", "unfused"):
+        raise ValueError(
+            f"--attention-backend {backend} is a Transformer Engine backend, but the local layer spec is in use "
+            "(Transformer Engine not installed or --transformer-impl local): use auto, flash or local"
+        )
+    if settings.context_parallel_size > 1:
+        raise ValueError(
+            "--context-parallel-size > 1 needs Transformer Engine (--transformer-impl transformer_engine): the "
+            f"local spec's attention (--attention-backend {backend}) has no context-parallel exchange"
+        )
+    return "dense" if backend == "local" else "packed"
