@@ -178,6 +178,41 @@ async def test_partial_rollout_groups_come_back_and_continue(use_client):
     assert sorted(p["sampling_params"]["max_new_tokens"] for p in cont) == sorted(40 - n for n, _ in partial.values())
 
 
+class _EngineAbortsFirstRequestOfPrompt1(FakeClient):
+    """The engine itself aborts prompt 1's first request after one token (as around a weight update)."""
+
+    async def generate(self, payload):
+        if payload["input_ids"] == [1]:
+            self.calls[1] += 1
+            meta = {"output_token_logprobs": [[-0.4, A, None]], "finish_reason": {"type": "abort"},
+                    "weight_version": "v0", "prompt_tokens": 1, "completion_tokens": 1}  # fmt: skip
+            return {"text": "A", "output_ids": [A], "meta_info": meta}
+        return await super().generate(payload)
+
+
+async def test_a_group_the_engine_aborted_mid_rollout_is_requeued_as_the_end_of_rollout_abort_requeues(use_client):
+    # Prompt 1's two samples are aborted by the engine during rollout 0 (not by the end-of-rollout abort): with
+    # --partial-rollout the group goes back to the buffer, and its partial samples lacked the
+    # metadata["start_rollout_id"] the original's abort gives every partial sample it returns to the buffer.
+    use_client(_EngineAbortsFirstRequestOfPrompt1({i: [A, B] for i in range(10)}, lengths={1: 3}))
+    args = _args(partial_rollout=True, mask_offpolicy_in_partial_rollout=True)
+    ds = ListDataSource(n=2)
+    out0 = await asyncio.to_thread(generate_rollout, args, 0, ds)
+    assert [[s.index for s in g] for g in out0.samples] == [[0, 1], [4, 5]]
+    assert [[s.index for s in g] for g in ds.buffer] == [[2, 3]]
+    for s in ds.buffer[0]:
+        assert s.status is Status.ABORTED and s.response == "A" and s.weight_versions == ["v0"]
+        assert s.metadata["start_rollout_id"] == 0
+    # Rollout 1 continues the group from its partial responses; the v0 token is masked, the new ones trained on.
+    out1 = await asyncio.to_thread(generate_rollout, args, 1, ds)
+    group = out1.samples[0]
+    assert [s.index for s in group] == [2, 3]
+    for s in group:
+        assert s.status is Status.COMPLETED and s.response_length == 3 and s.metadata["start_rollout_id"] == 0
+        assert s.loss_mask == [0, 1, 1] and s.rollout_log_probs == [0.0, -0.1, -0.2]
+        assert s.weight_versions == ["v0", "v1"]
+
+
 async def test_mask_offpolicy_in_partial_rollout(use_client):
     use_client(FakeClient({0: [A]}, lengths={0: 5}))
     s = Sample(tokens=[0], label="A")

@@ -90,6 +90,18 @@ def _has_aborted(group: list[Any]) -> bool:
     return any(s.status is Status.ABORTED for s in flatten_groups([group]))
 
 
+def _mark_partial(group: list[Sample], rollout_id: int) -> list[Sample]:
+    """`group`, its samples holding a response stamped `metadata["start_rollout_id"]` (first rollout that generated).
+
+    As the original's `abort` does for every group going back to the buffer; applied to the groups the engine aborted
+    during the rollout too (they missed it: a partial response with no start rollout).
+    """
+    for sample in group:
+        if sample.response_length > 0 and "start_rollout_id" not in sample.metadata:
+            sample.metadata["start_rollout_id"] = rollout_id
+    return group
+
+
 async def _abort_or_cancel(args: SlimeArgs, pending: set[asyncio.Task[Any]]) -> Exception | None:
     """Aborts the engines' requests; when the abort itself fails (a dead engine), cancels `pending` instead.
 
@@ -144,10 +156,7 @@ async def _abort_and_drain(
                 logger.warning("partial rollout: dropping a fanned-out group (custom generate returned a list)")
                 dropped.append(group)
                 continue
-            for sample in group:
-                if sample.response_length > 0 and "start_rollout_id" not in sample.metadata:
-                    sample.metadata["start_rollout_id"] = rollout_id
-            leftovers.append(group)
+            leftovers.append(_mark_partial(group, rollout_id))
     error = error or abort_error
     if error is not None:
         raise error
@@ -276,7 +285,7 @@ async def generate_rollout_async(
                 if _has_aborted(group):
                     # Aborted by the engine itself (e.g. around a weight update), not by us.
                     if args.partial_rollout and not any(isinstance(x, list) for x in group):
-                        requeue.append(group)
+                        requeue.append(_mark_partial(group, rollout_id))
                     else:
                         drops["aborted"] += 1
                         discarded["aborted"].append(group)
