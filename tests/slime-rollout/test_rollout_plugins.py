@@ -12,7 +12,7 @@ from slime_rollout_fakes import rollout_args as _args
 
 from slime_core.protocols import DynamicFilterOutput
 from slime_core.sample import Sample, Status
-from slime_rollout.generation.rollout import generate_rollout_async
+from slime_rollout.generation.rollout import generate_rollout, generate_rollout_async
 from slime_rollout.runtime.deadlines import DeadlineExceeded
 
 A, B = ord("A"), ord("B")
@@ -310,7 +310,7 @@ async def test_a_filter_returning_none_is_one_error_naming_it_and_the_samples(us
 
 
 def record_all_groups(args, all_groups, data_source):
-    data_source.seen = [[s.index for s in group] for group in all_groups]
+    data_source.__self__.seen = [[s.index for s in group] for group in all_groups]  # the original's bound get_samples
 
 
 async def test_the_all_samples_process_plugin_gets_the_groups_sorted_by_sample_index():
@@ -331,6 +331,24 @@ async def test_the_all_samples_process_plugin_gets_the_groups_sorted_by_sample_i
 
 def seen_by_all_samples_process(args, all_groups, data_source):
     args.seen_data_source = data_source  # the plugin view is writable, as the original's args
+
+
+def use_all_samples_data_source(args, all_groups, data_source):
+    # As a hook written for the original: its data_source is `data_source.get_samples`, a callable n -> groups.
+    args.seen_data_source = data_source
+    args.drawn = [[s.index for s in group] for group in data_source(1)]
+
+
+async def test_the_all_samples_process_plugin_gets_get_samples_as_the_original(use_client):
+    # The original's generate_rollout runs generate_rollout_async(args, rollout_id, data_source.get_samples), which
+    # hands that callable to --rollout-all-samples-process-path; the default rollout here handed the data source
+    # object, so a hook written for the original failed ("'ListDataSource' object is not callable").
+    use_client(FakeClient({0: [A, B], 1: [A, B], 2: [A, B]}))
+    source = ListDataSource(n=2)
+    args = _args(rollout_all_samples_process_path=f"{__name__}.use_all_samples_data_source")
+    out = await asyncio.to_thread(generate_rollout, args, 0, source)
+    assert [[s.index for s in group] for group in out.samples] == [[0, 1], [2, 3]]
+    assert args.seen_data_source == source.get_samples and args.drawn == [[4, 5]]
 
 
 async def test_generate_rollout_async_takes_the_originals_get_samples_callable(use_client):

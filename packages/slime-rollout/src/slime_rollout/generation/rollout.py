@@ -362,13 +362,19 @@ def _sample_getter(data_source: Any) -> tuple[Callable[[int], Any], str]:
 
 
 async def run_end_of_rollout_plugins(
-    args: SlimeArgs, rollout_id: int, data: list[list[Any]], all_groups: list[list[Any]], data_source: DataSource
+    args: SlimeArgs,
+    rollout_id: int,
+    data: list[list[Any]],
+    all_groups: list[list[Any]],
+    data_source: DataSource | Callable[[int], list[list[Sample]]],
 ) -> None:
     """Runs the end-of-rollout plugins, each bounded by `--plugin-timeout-secs` in a worker thread.
 
     `--rollout-sample-filter-path` is `fn(args, data)`, `--rollout-all-samples-process-path`
     `fn(args, all_groups, data_source)`, both with the groups sorted by sample index (`all_groups`: every group that
-    finished, kept, filtered out, aborted or surplus; it was in finishing order, the original sorts it). They are
+    finished, kept, filtered out, aborted or surplus; it was in finishing order, the original sorts it). The
+    `data_source` it gets is the callable `n -> groups` (a data source's bound `get_samples`), as the original's
+    `generate_rollout` hands it on (the hook got the data source object here). They are
     sync user code: called on the event loop, one that never returned froze the run with no word. A sample filter
     that returns something (a filtered list) is warned about: only `remove_sample` marks are read.
 
@@ -393,7 +399,8 @@ async def run_end_of_rollout_plugins(
         path = args.rollout_all_samples_process_path
         fn = load_function(path, flag="--rollout-all-samples-process-path")
         what = f"--rollout-all-samples-process-path {path} (rollout {rollout_id})"
-        await call_plugin_with_deadline(fn, args, all_groups, data_source, what=what, **plugin_bounds(args))
+        take, _ = _sample_getter(data_source)
+        await call_plugin_with_deadline(fn, args, all_groups, take, what=what, **plugin_bounds(args))
 
 
 def generate_rollout(
