@@ -214,14 +214,36 @@ async def test_a_group_the_engine_aborted_mid_rollout_is_requeued_as_the_end_of_
 
 
 async def test_mask_offpolicy_in_partial_rollout(use_client):
+    from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm
+
     use_client(FakeClient({0: [A]}, lengths={0: 5}))
     s = Sample(tokens=[0], label="A")
     s.append_response_tokens([A, A], log_probs=[-0.5, -0.5], text="AA")
     s.status = Status.ABORTED
     args = _args(partial_rollout=True, mask_offpolicy_in_partial_rollout=True)
-    s = await generate_mod.generate(args, s, {"max_new_tokens": 8})
+    s = await generate_and_rm(args, s, RolloutState.create(args, rollout_id=1))
     assert s.response_length == 5 and s.loss_mask == [0, 0, 1, 1, 1]
     assert s.rollout_log_probs == [0.0, 0.0, -0.1, -0.2, -0.3]
+
+
+async def two_call_generate(args, sample, sampling_params):
+    """A custom generate function continuing its own response with the default one: 2 tokens, a tool token, more."""
+    sample = await generate_mod.generate(args, sample, dict(sampling_params, max_new_tokens=2))
+    sample.append_response_tokens([B], trainable=False, text="B")
+    return await generate_mod.generate(args, sample, sampling_params)
+
+
+async def test_mask_offpolicy_leaves_the_turns_a_custom_generate_made_in_this_rollout_trainable(use_client):
+    # The original masks a partial sample's response once, in generate_and_rm, before the generate function; the
+    # default `generate` masked again on each call, so a custom generate function calling it twice (a second turn in
+    # the same rollout, same policy) lost its first turn's tokens from the loss (loss mask [0, 0, 0, 1, 1]).
+    use_client(FakeClient({0: [A], 1: [A]}, lengths={0: 5, 1: 5}))
+    args = _args(partial_rollout=True, mask_offpolicy_in_partial_rollout=True,
+                 custom_generate_function_path=f"{__name__}.two_call_generate")  # fmt: skip
+    out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
+    for s in (s for group in out.samples for s in group):
+        assert s.response == "AABAA" and s.loss_mask == [1, 1, 0, 1, 1]
+        assert s.rollout_log_probs == [-0.1, -0.2, 0.0, -0.1, -0.2]
 
 
 async def continuing_generate(args, sample, sampling_params):
