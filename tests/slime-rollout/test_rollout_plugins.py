@@ -294,6 +294,32 @@ async def test_sample_hooks_get_only_the_keywords_they_take_as_the_original_pass
     )  # fmt: skip
 
 
+def drop_prompt_0_as_bool(args, samples):
+    return samples[0].group_index != 0
+
+
+def drop_prompt_1_without_reason(args, samples):
+    return DynamicFilterOutput(keep=samples[0].group_index != 1)
+
+
+def drop_prompts_0_and_1(args, samples):
+    return drop_prompt_0_as_bool(args, samples) and drop_prompt_1_without_reason(args, samples).keep
+
+
+@pytest.mark.parametrize("path", ["drop_prompt_0_as_bool", "drop_prompt_1_without_reason", "drop_prompts_0_and_1"])
+async def test_a_drop_without_a_reason_is_counted_as_filtered(use_client, path):
+    # The original's MetricGatherer counts only drops with a reason; here a bare False (or no reason) is
+    # rollout/dynamic_filter/drop_filtered (MIGRATION, metrics table).
+    use_client(FakeClient({i: [A, B] for i in range(6)}))
+    args = _args(dynamic_sampling_filter_path=f"{__name__}.{path}", over_sampling_batch_size=4)
+    out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
+    dropped = {"drop_prompts_0_and_1": 2}.get(path, 1)
+    assert {k: v for k, v in out.metrics.items() if k.startswith("rollout/dynamic_filter/")} == {
+        "rollout/dynamic_filter/drop_filtered": float(dropped)
+    }
+    assert len(out.samples) == 2
+
+
 def forgot_return_filter(args, samples):
     statistics_of_rewards = [s.reward for s in samples]  # noqa: F841 - the `return` the user forgot
 
