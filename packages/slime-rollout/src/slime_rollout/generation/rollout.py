@@ -225,7 +225,7 @@ async def generate_rollout_async(
         rollout_id: id of this rollout.
         data_source: a `slime_core.protocols.DataSource`, or the original's `Callable[[int], list[list[Sample]]]`
             (its `generate_rollout` passes `data_source.get_samples`, and custom rollout functions copied from it
-            do); handed on as given to `--rollout-all-samples-process-path`, as the original does.
+            do); `--rollout-all-samples-process-path` gets that callable (a data source's `get_samples`), as there.
 
     Returns:
         `(output, leftovers)`: `rollout_batch_size` accepted groups sorted by sample index with metrics,
