@@ -306,6 +306,24 @@ async def test_abort_all_waits_until_idle(http_server):
     assert loads["e0"] == [0]
 
 
+async def test_abort_all_aborts_again_a_request_that_arrived_after_the_abort(http_server):
+    # A generate request that reaches the engine just after /abort_request is not aborted by it: the original's
+    # abort_servers_until_idle aborts again every 3 s while the engine is busy; this waited for the request to run
+    # its full length (here: forever), then failed the rollout with a TimeoutError.
+    aborts = []
+
+    async def handler(request):
+        if request.path == "/abort_request":
+            aborts.append(await request.json())
+            return web.Response()
+        # The late request runs until a second abort reaches the engine.
+        return web.json_response({"num_running_reqs": 1 if len(aborts) < 2 else 0, "num_waiting_reqs": 0})
+
+    rc = RolloutClient([await http_server(handler)])
+    await rc.abort_all(poll_s=0.001, retry_s=0.01, timeout_s=30)
+    assert aborts == [{"rid": "", "abort_all": True}] * 2
+
+
 async def test_abort_all_times_out_naming_busy_engine(http_server):
     async def handler(request):
         if request.path == "/abort_request":

@@ -12,7 +12,7 @@ from slime_rollout_fakes import rollout_args as _args
 
 from slime_core.protocols import DynamicFilterOutput
 from slime_core.sample import Sample, Status
-from slime_rollout.generation.rollout import generate_rollout_async
+from slime_rollout.generation.rollout import generate_rollout, generate_rollout_async
 from slime_rollout.runtime.deadlines import DeadlineExceeded
 
 A, B = ord("A"), ord("B")
@@ -294,6 +294,32 @@ async def test_sample_hooks_get_only_the_keywords_they_take_as_the_original_pass
     )  # fmt: skip
 
 
+def drop_prompt_0_as_bool(args, samples):
+    return samples[0].group_index != 0
+
+
+def drop_prompt_1_without_reason(args, samples):
+    return DynamicFilterOutput(keep=samples[0].group_index != 1)
+
+
+def drop_prompts_0_and_1(args, samples):
+    return drop_prompt_0_as_bool(args, samples) and drop_prompt_1_without_reason(args, samples).keep
+
+
+@pytest.mark.parametrize("path", ["drop_prompt_0_as_bool", "drop_prompt_1_without_reason", "drop_prompts_0_and_1"])
+async def test_a_drop_without_a_reason_is_counted_as_filtered(use_client, path):
+    # The original's MetricGatherer counts only drops with a reason; here a bare False (or no reason) is
+    # rollout/dynamic_filter/drop_filtered (MIGRATION, metrics table).
+    use_client(FakeClient({i: [A, B] for i in range(6)}))
+    args = _args(dynamic_sampling_filter_path=f"{__name__}.{path}", over_sampling_batch_size=4)
+    out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
+    dropped = {"drop_prompts_0_and_1": 2}.get(path, 1)
+    assert {k: v for k, v in out.metrics.items() if k.startswith("rollout/dynamic_filter/")} == {
+        "rollout/dynamic_filter/drop_filtered": float(dropped)
+    }
+    assert len(out.samples) == 2
+
+
 def forgot_return_filter(args, samples):
     statistics_of_rewards = [s.reward for s in samples]  # noqa: F841 - the `return` the user forgot
 
@@ -310,7 +336,7 @@ async def test_a_filter_returning_none_is_one_error_naming_it_and_the_samples(us
 
 
 def record_all_groups(args, all_groups, data_source):
-    data_source.seen = [[s.index for s in group] for group in all_groups]
+    data_source.__self__.seen = [[s.index for s in group] for group in all_groups]  # the original's bound get_samples
 
 
 async def test_the_all_samples_process_plugin_gets_the_groups_sorted_by_sample_index():
@@ -331,6 +357,24 @@ async def test_the_all_samples_process_plugin_gets_the_groups_sorted_by_sample_i
 
 def seen_by_all_samples_process(args, all_groups, data_source):
     args.seen_data_source = data_source  # the plugin view is writable, as the original's args
+
+
+def use_all_samples_data_source(args, all_groups, data_source):
+    # As a hook written for the original: its data_source is `data_source.get_samples`, a callable n -> groups.
+    args.seen_data_source = data_source
+    args.drawn = [[s.index for s in group] for group in data_source(1)]
+
+
+async def test_the_all_samples_process_plugin_gets_get_samples_as_the_original(use_client):
+    # The original's generate_rollout runs generate_rollout_async(args, rollout_id, data_source.get_samples), which
+    # hands that callable to --rollout-all-samples-process-path; the default rollout here handed the data source
+    # object, so a hook written for the original failed ("'ListDataSource' object is not callable").
+    use_client(FakeClient({0: [A, B], 1: [A, B], 2: [A, B]}))
+    source = ListDataSource(n=2)
+    args = _args(rollout_all_samples_process_path=f"{__name__}.use_all_samples_data_source")
+    out = await asyncio.to_thread(generate_rollout, args, 0, source)
+    assert [[s.index for s in group] for group in out.samples] == [[0, 1], [2, 3]]
+    assert args.seen_data_source == source.get_samples and args.drawn == [[4, 5]]
 
 
 async def test_generate_rollout_async_takes_the_originals_get_samples_callable(use_client):

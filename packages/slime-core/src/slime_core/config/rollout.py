@@ -119,7 +119,9 @@ class RolloutArgs(ArgsGroup):
     )
     rollout_sample_filter_path: str | None = arg(None, "Import path of fn(args, data) filtering accepted samples.")
     rollout_all_samples_process_path: str | None = arg(
-        None, "Import path of fn(args, all_groups, data_source) seeing every generated group."
+        None,
+        "Import path of fn(args, all_groups, data_source) seeing every generated group (data_source: the data "
+        "source's get_samples, as in the original).",
     )
     rollout_buffer_url: str | None = arg(None, "URL of an external rollout (trajectory) buffer server.")
     fetch_trajectory_retry_times: int = arg(-1, "Retries fetching trajectories from the buffer (-1: forever).")

@@ -472,8 +472,13 @@ class RolloutClient:
         results = await asyncio.gather(*(getattr(e, method_name)(**kw) for e in engines), return_exceptions=True)
         return {e.url: r for e, r in zip(engines, results, strict=True)}
 
-    async def abort_all(self, *, poll_s: float = 0.1, timeout_s: float = 300.0) -> None:
+    async def abort_all(self, *, poll_s: float = 0.1, timeout_s: float = 300.0, retry_s: float = 3.0) -> None:
         """Aborts every request on every engine, then waits until no engine has unfinished requests.
+
+        An engine still busy `retry_s` after its last abort is aborted again, as the original's
+        `abort_servers_until_idle` does every 3 s: a request that reached it after the abort (sent by a task that
+        was already past the rollout's aborted check) is not covered by the first one, and ran to its full length
+        here, or past `timeout_s`, which failed the rollout.
 
         Each engine must answer each call (`/abort_request`, `/v1/loads`) within `--rollout-health-check-timeout`
         (`probe_timeout_s`): SGLang answers both at once, and a frozen engine kept the abort waiting for the control
@@ -485,15 +490,23 @@ class RolloutClient:
                 left to the health monitor).
         """
         engines = await self._engines()
+        loop = asyncio.get_running_loop()
         await self._tolerant(engines, "/abort_request", lambda e: e.abort_request(abort_all=True))
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        deadline = loop.time() + timeout_s
+        last_abort = loop.time()
         while True:
             counts = await self._tolerant(engines, "/v1/loads", lambda e: e.num_unfinished_requests())
-            busy = [f"{e.url} ({c})" for e, c in zip(engines, counts, strict=True) if c]
+            busy = [(e, c) for e, c in zip(engines, counts, strict=True) if c]
             if not busy:
                 return
-            if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"abort_all: requests still running after {timeout_s}s on {', '.join(busy)}")
+            if loop.time() > deadline:
+                names = ", ".join(f"{e.url} ({c})" for e, c in busy)
+                raise TimeoutError(f"abort_all: requests still running after {timeout_s}s on {names}")
+            if loop.time() - last_abort >= retry_s:
+                again = [e for e, _ in busy]
+                logger.info("abort_all: %s still busy after an abort; aborting again", ", ".join(e.url for e in again))
+                await self._tolerant(again, "/abort_request", lambda e: e.abort_request(abort_all=True))
+                last_abort = loop.time()
             await asyncio.sleep(poll_s)
 
     async def _tolerant(self, engines: list[EngineClient], endpoint: str, call: Any) -> list[Any]:

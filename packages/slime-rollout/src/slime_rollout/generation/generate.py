@@ -203,7 +203,8 @@ def mask_offpolicy_prefix(sample: Sample) -> None:
     """`--mask-offpolicy-in-partial-rollout`: the response a partial sample holds came from an older policy.
 
     It stays as context, untrained: loss mask 0 and rollout log-probs 0.0 over `sample.response_length` tokens.
-    Idempotent; `group_rollout.generate_and_rm` applies it before any generate function, as the original does.
+    Idempotent; `group_rollout.generate_and_rm` applies it once, before any generate function, as the original does
+    (not `generate`, which a custom generate function may call again to continue its own response).
     """
     sample.loss_mask = [0] * sample.response_length
     if sample.rollout_log_probs is not None:
@@ -217,7 +218,7 @@ async def generate(
 
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`); reads `hf_checkpoint` (tokenizer),
-            `mask_offpolicy_in_partial_rollout`, `rollout_max_context_len` (`eval_max_context_len` when
+            `rollout_max_context_len` (`eval_max_context_len` when
             `evaluation`, falling back to the rollout one).
         sample: a fresh sample (prompt only) or a partially generated one (tokens hold prompt + partial
             response); updated in place.
@@ -239,8 +240,9 @@ async def generate(
     if not sample.tokens:
         sample.tokens = list(vision.input_ids) if vision is not None else _prompt_ids(args, sample)
         sample.response_length = 0
-    elif sample.response_length > 0 and args.mask_offpolicy_in_partial_rollout:
-        mask_offpolicy_prefix(sample)
+    # No --mask-offpolicy-in-partial-rollout here: `group_rollout.generate_and_rm` masks a partial sample once, before
+    # any generate function, as the original. Here it also masked the on-policy turns of a custom generate function
+    # that continues its sample with this one (a second call in the same rollout).
     sampling_params["max_new_tokens"] = int(sampling_params["max_new_tokens"]) - sample.response_length
     max_context_len = context_limit(args, evaluation=evaluation)
     if max_context_len is not None:

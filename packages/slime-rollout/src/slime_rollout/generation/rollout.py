@@ -90,6 +90,18 @@ def _has_aborted(group: list[Any]) -> bool:
     return any(s.status is Status.ABORTED for s in flatten_groups([group]))
 
 
+def _mark_partial(group: list[Sample], rollout_id: int) -> list[Sample]:
+    """`group`, its samples holding a response stamped `metadata["start_rollout_id"]` (first rollout that generated).
+
+    As the original's `abort` does for every group going back to the buffer; applied to the groups the engine aborted
+    during the rollout too (they missed it: a partial response with no start rollout).
+    """
+    for sample in group:
+        if sample.response_length > 0 and "start_rollout_id" not in sample.metadata:
+            sample.metadata["start_rollout_id"] = rollout_id
+    return group
+
+
 async def _abort_or_cancel(args: SlimeArgs, pending: set[asyncio.Task[Any]]) -> Exception | None:
     """Aborts the engines' requests; when the abort itself fails (a dead engine), cancels `pending` instead.
 
@@ -144,10 +156,7 @@ async def _abort_and_drain(
                 logger.warning("partial rollout: dropping a fanned-out group (custom generate returned a list)")
                 dropped.append(group)
                 continue
-            for sample in group:
-                if sample.response_length > 0 and "start_rollout_id" not in sample.metadata:
-                    sample.metadata["start_rollout_id"] = rollout_id
-            leftovers.append(group)
+            leftovers.append(_mark_partial(group, rollout_id))
     error = error or abort_error
     if error is not None:
         raise error
@@ -216,7 +225,7 @@ async def generate_rollout_async(
         rollout_id: id of this rollout.
         data_source: a `slime_core.protocols.DataSource`, or the original's `Callable[[int], list[list[Sample]]]`
             (its `generate_rollout` passes `data_source.get_samples`, and custom rollout functions copied from it
-            do); handed on as given to `--rollout-all-samples-process-path`, as the original does.
+            do); `--rollout-all-samples-process-path` gets that callable (a data source's `get_samples`), as there.
 
     Returns:
         `(output, leftovers)`: `rollout_batch_size` accepted groups sorted by sample index with metrics,
@@ -276,7 +285,7 @@ async def generate_rollout_async(
                 if _has_aborted(group):
                     # Aborted by the engine itself (e.g. around a weight update), not by us.
                     if args.partial_rollout and not any(isinstance(x, list) for x in group):
-                        requeue.append(group)
+                        requeue.append(_mark_partial(group, rollout_id))
                     else:
                         drops["aborted"] += 1
                         discarded["aborted"].append(group)
@@ -353,13 +362,19 @@ def _sample_getter(data_source: Any) -> tuple[Callable[[int], Any], str]:
 
 
 async def run_end_of_rollout_plugins(
-    args: SlimeArgs, rollout_id: int, data: list[list[Any]], all_groups: list[list[Any]], data_source: DataSource
+    args: SlimeArgs,
+    rollout_id: int,
+    data: list[list[Any]],
+    all_groups: list[list[Any]],
+    data_source: DataSource | Callable[[int], list[list[Sample]]],
 ) -> None:
     """Runs the end-of-rollout plugins, each bounded by `--plugin-timeout-secs` in a worker thread.
 
     `--rollout-sample-filter-path` is `fn(args, data)`, `--rollout-all-samples-process-path`
     `fn(args, all_groups, data_source)`, both with the groups sorted by sample index (`all_groups`: every group that
-    finished, kept, filtered out, aborted or surplus; it was in finishing order, the original sorts it). They are
+    finished, kept, filtered out, aborted or surplus; it was in finishing order, the original sorts it). The
+    `data_source` it gets is the callable `n -> groups` (a data source's bound `get_samples`), as the original's
+    `generate_rollout` hands it on (the hook got the data source object here). They are
     sync user code: called on the event loop, one that never returned froze the run with no word. A sample filter
     that returns something (a filtered list) is warned about: only `remove_sample` marks are read.
 
@@ -384,7 +399,8 @@ async def run_end_of_rollout_plugins(
         path = args.rollout_all_samples_process_path
         fn = load_function(path, flag="--rollout-all-samples-process-path")
         what = f"--rollout-all-samples-process-path {path} (rollout {rollout_id})"
-        await call_plugin_with_deadline(fn, args, all_groups, data_source, what=what, **plugin_bounds(args))
+        take, _ = _sample_getter(data_source)
+        await call_plugin_with_deadline(fn, args, all_groups, take, what=what, **plugin_bounds(args))
 
 
 def generate_rollout(
