@@ -5,16 +5,12 @@ import re
 import pytest
 
 from slime_core.config import ConfigError, SlimeArgs, parse_args, validation
-from slime_core.config import base as config_base
 from slime_core.config.opd import builtin_teacher_scoring
 
 BASE = {"rollout_batch_size": 4, "num_rollout": 1}
 
 
-@pytest.fixture(autouse=True)
-def _setup(monkeypatch):
-    monkeypatch.setattr(config_base, "_WARNED", set())
-    monkeypatch.setattr(validation, "_cuda_available", lambda: False)
+pytestmark = pytest.mark.usefixtures("fresh_config_state")
 
 
 def make(**overrides):

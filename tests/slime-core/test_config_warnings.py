@@ -5,16 +5,13 @@ import logging
 
 import pytest
 
-from slime_core.config import ConfigError, SlimeArgs, validation
+from slime_core.config import ConfigError, SlimeArgs
 from slime_core.config import base as config_base
 
 BASE = {"rollout_batch_size": 4, "num_rollout": 1}
 
 
-@pytest.fixture(autouse=True)
-def _setup(monkeypatch):
-    monkeypatch.setattr(config_base, "_WARNED", set())
-    monkeypatch.setattr(validation, "_cuda_available", lambda: False)
+pytestmark = pytest.mark.usefixtures("fresh_config_state")
 
 
 def make(**overrides):
