@@ -69,7 +69,7 @@ def test_dry_run_reports_and_starts_nothing(model, data, tmp_path):
     assert "  --num-rollout                              6" in report  # 3 epochs × (10 // 4)
     assert "  --global-batch-size                        8" in report
     assert "rollout: 4 prompts × 2 samples = 8 samples = 1 optimizer step(s) × --global-batch-size 8" in report
-    assert "trainer: 2 ranks (1 node(s) × 2), data-parallel 2" in report
+    assert "trainer: 2 rank(s) (1 node(s) × 2), data-parallel 2" in report
     assert "--num-epoch 3: 10 prompts // --rollout-batch-size 4 = 2 rollouts per epoch, --num-rollout 6" in report
     assert "1 Megatron architecture flags agree with config.json" in report
     assert re.search(r"tokenizer of --hf-checkpoint: first prompt \d+ tokens \(chat template applied\)", report)

@@ -97,7 +97,7 @@ def _arithmetic(cfg: SlimeArgs) -> list[str]:
     ]
     if not cfg.debug_rollout_only:
         lines.append(
-            f"trainer: {world} ranks ({cfg.actor_num_nodes} node(s) × {cfg.actor_num_gpus_per_node}), data-parallel "
+            f"trainer: {world} rank(s) ({cfg.actor_num_nodes} node(s) × {cfg.actor_num_gpus_per_node}), data-parallel "
             f"{world // model_parallel if world % model_parallel == 0 else '?'} (TP×PP×CP = {model_parallel}), "
             f"--train-backend {cfg.train_backend}"
         )

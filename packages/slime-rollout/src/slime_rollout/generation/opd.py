@@ -186,7 +186,8 @@ def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: s
     if not pairs:
         return False
     tokenizer = get_tokenizer(hf_checkpoint)
-    differ = [(i, text, tokenizer.decode([i])) for i, text in pairs if tokenizer.decode([i]) != text]
+    decoded = [(i, text, tokenizer.decode([i])) for i, text in pairs]
+    differ = [(i, text, ours) for i, text, ours in decoded if ours != text]
     if 2 * len(differ) > len(pairs):
         token, teacher, student = differ[0]
         raise ValueError(
