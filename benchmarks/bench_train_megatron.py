@@ -18,7 +18,8 @@ micro-batches of `tokens_per_mb // seq_len` sequences; one warm-up call, then th
 MFU = model FLOPs / median seconds / `--peak-tflops` (the `bench_matmul.py` rate of the same session).
 
 Speed switches of issue 26 (each a run flag, see `SWITCHES`; `adam` and `gradnorm` are on by default since 2026-12-06,
-the others off; `--ab` variants set every switch whatever the defaults): `head` = `--log-probs-head fused`,
+`head` and `compile` on CUDA since 2026-12-07 (`settings.head_kind`, `settings.compiles_layers`), `fusions` off;
+`--ab` variants set every switch whatever the defaults): `head` = `--log-probs-head fused`,
 `adam` = `--use-torch-fused-adam`, `gradnorm` = `--use-foreach-grad-norm`, `fusions` = `--bias-swiglu-fusion
 --bias-dropout-fusion`, `compile` = `--megatron-compile-layers`; `all` = head, adam, gradnorm and compile; `eager_all` =
 head, adam and gradnorm (no compile warm-up); `paramcopy` (always on in runs) is the one-launch copy of the updated
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--recompute", action="store_true", help="full activation recomputation of every layer")
     p.add_argument("--peak-tflops", type=float, default=790.0, help="MFU denominator (measured bf16 matmul rate)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--log-probs-head", default=None, choices=["fused"], help="the run flag (default: logits head)")
+    p.add_argument("--log-probs-head", default=None, choices=["fused"], help="the run flag (default: fused on CUDA)")
     p.add_argument(
         "--megatron-extra",
         default="",
@@ -369,7 +370,8 @@ def main(argv: list[str] | None = None) -> dict:
             "attention_share": flops["attention"] / flops["total"], "achieved_tflops": flops["total"] / t / 1e12,
             "mfu": flops["total"] / t / 1e12 / a.peak_tflops, "peak_tflops": a.peak_tflops,
             "peak_mem_gib": peak, "grad_norm": metrics.get("train/grad_norm"), "log_probs_head": head,
-            "megatron_extra": a.megatron_extra, **prof, **({"ab": ab} if a.ab else {}),
+            "compile_layers": backend.settings.megatron_compile_layers, "megatron_extra": a.megatron_extra,
+            **prof, **({"ab": ab} if a.ab else {}),
         })  # fmt: skip
     finally:
         dist.destroy_process_group()

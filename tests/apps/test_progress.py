@@ -245,8 +245,10 @@ def test_the_first_step_on_gpus_is_named_compile_only_where_layers_compile(monke
 
 
 @pytest.mark.parametrize(("megatron_args", "first"), [
-    ([], "train"),  # eager unless asked, on GPUs too
+    ([], "compile+train"),  # on GPUs at TP = CP = 1 by default (slime_train_megatron.settings.compiles_layers)
+    (["--no-megatron-compile-layers"], "train"),
     (["--megatron-compile-layers"], "compile+train"),  # slime_train_megatron.trainer_parts compiles every layer
+    (["--megatron-compile-layers", "--no-megatron-compile-layers"], "train"),  # the last one given wins
 ])  # fmt: skip
 def test_the_first_megatron_step_is_named_compile_with_megatron_compile_layers(
     monkeypatch, caplog, megatron_args, first

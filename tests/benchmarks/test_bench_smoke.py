@@ -157,6 +157,7 @@ def test_train_megatron_cpu(tmp_path, models):
            "--tokens-per-mb", "64", "--seq-len", "32", "--response-len", "16", "--repeats", "2"]  # fmt: skip
     r = _run(cmd, tmp_path, models)
     assert r["bench"] == "train_megatron" and r["attention"] == "packed" and r["old_logprob_forward"] is True
+    assert r["compile_layers"] is False and r["log_probs_head"] == "logits"  # the CPU defaults (eager, logits)
     assert r["seqs_per_mb"] == 2 and r["tokens_per_train"] == 2 * 2 * 32 and len(r["train_s_all"]) == 2
     assert r["tokens_per_s"] == pytest.approx(128 / r["train_s_median"]) and r["grad_norm"] > 0
     # Same FLOP count as the FSDP benchmark on the same shape.

@@ -115,6 +115,10 @@ def test_head_flag_errors_name_the_flag():
     from slime_train_megatron.settings import head_kind
 
     assert head_kind(None, 2) == "logits" and head_kind("fused", 1) == "fused"
+    # Unset: the fused head on GPUs at TP 1 (the FSDP backend's GPU default), megatron-core's logits elsewhere.
+    assert [head_kind(None, 1, cuda=True), head_kind(None, 2, cuda=True), head_kind(None, 1)] == [
+        "fused", "logits", "logits"
+    ]  # fmt: skip
     with pytest.raises(ValueError, match=r"--log-probs-head fp32 is an FSDP head"):
         head_kind("fp32", 1)
     with pytest.raises(ValueError, match=r"--log-probs-head fused needs --tensor-model-parallel-size 1 \(got 2\)"):

@@ -40,7 +40,7 @@ def test_every_flag_the_table_marks_read_is_a_settings_field():
     read = {flag for flag, rule in MEGATRON_FLAG_RULES.items() if rule.megatron == "read"}
     fields = {"--" + name.replace("_", "-") for name in MegatronSettings.model_fields}
     switches = {"--no-" + name.replace("_", "-") for name, f in MegatronSettings.model_fields.items()
-                if f.annotation is bool and f.default is True}  # fmt: skip
+                if f.annotation in (bool, bool | None) and f.default is not False}  # fmt: skip
     assert read - fields - switches == set()
 
 
@@ -60,6 +60,24 @@ def test_the_optimizer_speed_switches_are_on_by_default_and_their_no_forms_reach
     with pytest.raises(ConfigError, match="--no-use-torch-fused-adam.*always torch's fused kernel"):
         parse_args(["--train-backend", "fsdp", "--rollout-batch-size", "1", "--num-rollout", "1",
                     "--no-use-torch-fused-adam"])  # fmt: skip
+
+
+@pytest.mark.parametrize(("tokens", "cuda", "te", "moe", "compiled"), [
+    ([], True, False, False, True),  # the measured default: CUDA, local spec, dense, TP = CP = 1
+    ([], False, False, False, False),  # CPU: compiling costs minutes
+    ([], True, True, False, False),  # Transformer Engine's layers
+    ([], True, False, True, False),  # experts
+    (["--tensor-model-parallel-size", "2"], True, False, False, False),
+    (["--context-parallel-size", "2"], True, False, False, False),
+    (["--no-megatron-compile-layers"], True, False, False, False),
+    (["--megatron-compile-layers"], False, True, True, True),  # asked for: compiled wherever it runs
+    (["--megatron-compile-layers", "--no-megatron-compile-layers"], True, False, False, False),  # the last wins
+])  # fmt: skip
+def test_layers_compile_by_default_only_where_it_was_measured_to_pay(tokens, cuda, te, moe, compiled):
+    from slime_train_megatron.settings import compiles_layers
+
+    s = MegatronSettings.from_config(_CONFIG.model_copy(update={"megatron_args": tokens}))
+    assert compiles_layers(s, cuda=cuda, transformer_engine=te, moe=moe) is compiled
 
 
 def test_the_original_scripts_megatron_flags_reach_the_settings():

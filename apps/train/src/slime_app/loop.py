@@ -120,14 +120,22 @@ class Run:
         """The flag that makes the layers compile at their first forward in this run; None when they run eagerly.
 
         FSDP: `--fsdp-compile-layers`, unset meaning `_compiles_by_default` (`slime_train_fsdp.model_loading`);
-        Megatron: `--megatron-compile-layers`, off unless given (`slime_train_megatron.trainer_parts`).
+        Megatron: `--megatron-compile-layers` / `--no-...` (the last one given), unset meaning on with CUDA at
+        TP = CP = 1 (`slime_train_megatron.settings.compiles_layers`, whose Transformer Engine and MoE exceptions
+        only the workers can judge: such a first step is still named "compile+train").
         """
         cfg = self.cfg
         spec = train_backend_spec(cfg)
         if not spec.compiles_layers:
             return None
         if spec.megatron_native:  # a Megatron flag, passed through in --megatron-args' tokens
-            return "--megatron-compile-layers" if cfg.megatron_flag("--megatron-compile-layers", False) else None
+            flags = ("--megatron-compile-layers", "--no-megatron-compile-layers")
+            given = [t == flags[0] for t in cfg.megatron_args if t in flags]
+            if given:
+                on = given[-1]
+            else:
+                on = self._uses_cuda and cfg.tensor_model_parallel_size == 1 and cfg.context_parallel_size == 1
+            return "--megatron-compile-layers" if on else None
         on = cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._compiles_by_default
         return "--fsdp-compile-layers" if on else None
 

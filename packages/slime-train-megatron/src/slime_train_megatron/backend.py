@@ -124,7 +124,8 @@ class MegatronTrainBackend:
         check_load_shapes(cfg.hf_checkpoint, s.ref_load, s.load, s.ckpt_step, self.model_args)  # before any GPU work
         parts = build_parallel_model(cfg, s, self.model_args)
         self.attention, self.module, self.model = parts.attention, parts.module, parts.model
-        self.set_log_probs_head(head_kind(cfg.log_probs_head, s.tensor_model_parallel_size))
+        cuda = torch.cuda.is_available()
+        self.set_log_probs_head(head_kind(cfg.log_probs_head, s.tensor_model_parallel_size, cuda=cuda))
         self.optimizer, self.scheduler = build_optimizer(parts, s, cfg)
         self.runner = PipelineRunner(self.model, self.module, s, self.attention)
         self.residency = Residency(self.model, self.optimizer, cfg.offload_train_pin_memory)

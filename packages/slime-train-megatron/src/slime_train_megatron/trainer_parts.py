@@ -13,6 +13,7 @@ normalization, so a micro-batch loss divided by the step's global denominator su
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from slime_train_megatron.model import (
     compile_decoder_layers,
     use_transformer_engine,
 )
-from slime_train_megatron.settings import MegatronSettings
+from slime_train_megatron.settings import MegatronSettings, compiles_layers
 from slime_train_megatron.sleep import host_buffers, offload_to_cpu, reload_from_cpu
 from slime_train_megatron.torch_optimizer import use_foreach_grad_norm, use_foreach_param_copy, use_torch_fused_adam
 
@@ -48,6 +49,8 @@ __all__ = [
     "reduce_metric_sums",
     "resume",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(slots=True)
@@ -92,8 +95,15 @@ def build_parallel_model(
     module = build_gpt_model(model_args, s, config, value_head=value_head)
     if cuda:
         module.cuda(torch.cuda.current_device())
+    explicit = s.megatron_compile_layers is not None
+    # Resolved once here; the pipeline reads it (RoPE's boundaries as the compiled layers want them).
+    s.megatron_compile_layers = compiles_layers(
+        s, cuda=cuda, transformer_engine=use_transformer_engine(s), moe=bool(model_args.num_experts)
+    )
     if s.megatron_compile_layers:
         compile_decoder_layers(module)
+        if not explicit:
+            logger.info("decoder layers compiled (the default on CUDA; --no-megatron-compile-layers keeps them eager)")
     frozen = frozen_parameter_names([n for n, _ in module.named_parameters()], cfg)
     for name, param in module.named_parameters():
         if name in frozen:

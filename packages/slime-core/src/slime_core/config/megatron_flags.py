@@ -164,6 +164,7 @@ MEGATRON_FLAG_RULES.update({
     "--bias-swiglu-fusion": _kernel("read"),
     "--bias-dropout-fusion": _kernel("read"),
     "--megatron-compile-layers": FlagRule("read", "noop", "FSDP: --fsdp-compile-layers"),
+    "--no-megatron-compile-layers": FlagRule("read", "noop", "FSDP: --no-fsdp-compile-layers"),
     "--no-gradient-accumulation-fusion": FlagRule("same", "noop", "gradient accumulation is never fused"),
     "--cross-entropy-loss-fusion": _kernel(),
     "--cross-entropy-fusion-impl": _kernel(),
