@@ -86,3 +86,10 @@ def test_grpo_and_reinforce_plus_plus_baseline_returns_match_the_original():
     kl = [KL_BASE[:3], KL_BASE[3:]]
     rppb = ppo_utils.get_reinforce_plus_plus_baseline_advantages(torch.tensor([0.5, -1.0]), kl, MASKS, 0.1)
     _close(torch.cat(rppb), [0.62, 0.54, 0.6, -0.99, -0.95])
+
+
+def test_a_function_not_carried_is_refused_naming_what_replaces_it():
+    with pytest.raises(ImportError, match=r"ppo_utils\.compute_opsm_mask is the original slime's .* --use-opsm"):
+        from slime.utils.ppo_utils import compute_opsm_mask  # noqa: F401
+    with pytest.raises(AttributeError):
+        ppo_utils.no_such_function  # noqa: B018

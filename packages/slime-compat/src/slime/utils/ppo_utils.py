@@ -35,6 +35,24 @@ __all__ = [
 compute_policy_loss = _pl.compute_policy_loss
 compute_cispo_loss = _pl.compute_cispo_loss
 
+# The original's functions that read Megatron's parallel groups, and what does their work here.
+_NOT_CARRIED = {
+    "compute_opsm_mask": "--use-opsm (slime_core.algorithms.policy_loss.compute_opsm_mask)",
+    "get_reinforce_plus_plus_returns": "--advantage-estimator reinforce_plus_plus",
+    "get_advantages_and_returns_batch": "--advantage-estimator ppo (chunked_gae here for one process)",
+    "calculate_log_probs_and_entropy": "the trainer's log-prob head (slime_core.algorithms.logprobs)",
+}
+
+
+def __getattr__(name: str):
+    """Names the replacement of a function of the original's module that is not carried (an ImportError)."""
+    if name in _NOT_CARRIED:
+        raise ImportError(
+            f"slime.utils.ppo_utils.{name} is the original slime's and reads Megatron's parallel groups; this "
+            f"version does not carry it: {_NOT_CARRIED[name]} does its work (MIGRATION.md 'Plugins')"
+        )
+    raise AttributeError(f"module 'slime.utils.ppo_utils' has no attribute {name!r}")
+
 
 def compute_approx_kl(
     log_probs: torch.Tensor,
