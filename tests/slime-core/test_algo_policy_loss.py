@@ -141,3 +141,35 @@ def test_tis_truncate_and_icepop():
     assert cf.tolist() == [0.0, 0.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="tis-mode"):
         compute_tis_weights(old, roll, 0.0, 2.0, "bogus")
+
+
+@pytest.mark.parametrize("bad", [float("-inf"), float("inf"), float("nan")])
+def test_gspo_and_opsm_ignore_a_non_finite_log_prob_on_a_masked_token(bad):
+    # Issue 27 (pass 53): `ppo_kl·mask` made inf·0 = NaN at a masked (tool) token, so the sequence's mean
+    # log-ratio, its GSPO loss, every gradient of the step and the OPSM mask were NaN (the original's
+    # compute_gspo_kl does the same). A masked token must add 0, as in the loss reducers.
+    from slime_core.algorithms.policy_loss import compute_opsm_mask
+
+    args = _CONFIG.model_copy(update=dict(eps_clip=0.2, eps_clip_high=None, eps_clip_c=None))
+    mask = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    adv = torch.tensor([-1.0, -1.0, -1.0, 2.0])
+
+    def run(old_masked):
+        old = torch.tensor([-1.0, old_masked, -2.0, -0.5])
+        lp = torch.tensor([-0.9, -3.0, -2.3, -0.5], requires_grad=True)
+        loss, _, ppo_kl = get_policy_loss("gspo")(
+            args, log_probs=lp, old_log_probs=old, advantages=adv, loss_mask=mask, response_lengths=[3, 1]
+        )
+        (loss * mask).sum().backward()
+        dropped = compute_opsm_mask(old - lp.detach(), adv, mask, [3, 1], 0.05)
+        return ppo_kl.detach(), lp.grad, dropped
+
+    ppo_kl, grad, dropped = run(bad)
+    # seq 0: mean of (lp_old - lp) over its 2 trainable tokens = ((-1 + 0.9) + (-2 + 2.3)) / 2 = 0.1
+    torch.testing.assert_close(ppo_kl, torch.tensor([0.1, 0.1, 0.1, 0.0]), atol=ATOL, rtol=0)
+    clean_kl, clean_grad, clean_dropped = run(-1.0)
+    torch.testing.assert_close(ppo_kl, clean_kl, atol=0, rtol=0)
+    torch.testing.assert_close(grad, clean_grad, atol=0, rtol=0)
+    assert torch.isfinite(grad).all()
+    # seq 0 drifted (0.1 > 0.05) with A < 0: all 3 tokens dropped; seq 1 has A > 0
+    assert dropped.tolist() == clean_dropped.tolist() == [1.0, 1.0, 1.0, 0.0]

@@ -519,3 +519,18 @@ def test_a_sample_of_only_tool_tokens_gets_zero_rollout_log_probs():
     assert b.rollout_log_probs[pos].tolist() == [0.0, 0.0] and b.loss_masks[pos].tolist() == [0.0, 0.0]
     first = next(x for x in samples if x.index == 0)
     assert b.rollout_log_probs[b.sample_indices.index(0)].tolist() == [-0.5] * first.response_length
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf"), float("inf")])
+def test_a_non_finite_rollout_log_prob_is_refused_naming_the_sample_and_position(bad):
+    # Issue 27 (pass 53): the engine's log-probs are checked where its reply is parsed, but a generate function that
+    # sets rollout_log_probs itself was not: a NaN trained on as the TIS weight / --use-rollout-logprobs ratio / the
+    # reward KL and made the whole step NaN, naming nothing (the original trains on it too).
+    samples = _rollout(num_prompts=1)
+    victim = next(s for s in samples if s.index == 2)
+    victim.rollout_log_probs = list(victim.rollout_log_probs)
+    n = victim.response_length
+    victim.rollout_log_probs[n - 1] = bad  # its last response token
+    want = rf"^sample 2: rollout_log_probs\[{n - 1}\] is {bad}, not a finite log-prob \(1 of {n} are not\)"
+    with pytest.raises(ValueError, match=want):
+        build_rollout_batches(_args(), samples, dp_size=1)

@@ -27,6 +27,7 @@ from slime_core.scheduling import build_schedule
 
 __all__ = [
     "build_rollout_batches",
+    "check_finite_log_probs",
     "loss_denominators",
     "postprocess_rewards",
     "reward_groups",
@@ -329,6 +330,34 @@ def _top_p_tensors(cfg: SlimeArgs, samples: Sequence[Sample]):
     return ids, offsets
 
 
+def check_finite_log_probs(samples: Sequence[Sample], log_probs: Sequence[torch.Tensor], what: str) -> None:
+    """Checks that every per-token log-prob a sample carries is a finite number.
+
+    The engine's replies are checked where they are parsed (`slime_rollout.generation.engine_reply`); a generate
+    function or env that sets them itself is not. A NaN or infinity there became the TIS weight, the
+    `--use-rollout-logprobs` ratio or the reward-shaping KL (`--kl-coef`, which PPO's GAE and REINFORCE++ spread
+    over the whole response, masked tokens included) and made the step's loss and every gradient NaN, naming
+    nothing (the original trains on it too). Non-trainable tokens carry 0.0 (`Sample.append_response_tokens`).
+
+    Args:
+        samples: the samples, in the order of `log_probs`.
+        log_probs: `[L_i]` float32 of each sample.
+        what: the field's name in the message (`rollout_log_probs`).
+
+    Raises:
+        ValueError: the first sample holding a non-finite value, with the value and its response position.
+    """
+    for sample, values in zip(samples, log_probs, strict=True):
+        bad = ~torch.isfinite(values)
+        if bool(bad.any()):
+            position = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"sample {sample.index}: {what}[{position}] is {float(values[position])}, not a finite log-prob "
+                f"({int(bad.sum())} of {values.numel()} are not); a generate function that sets {what} must give a "
+                "finite natural-log probability for every trainable token and 0.0 for the others"
+            )
+
+
 def check_token_ids(samples: Sequence[Sample], tokens: Sequence[torch.Tensor], vocab_size: int) -> None:
     """Checks that every token id indexes the policy's embedding.
 
@@ -395,7 +424,8 @@ def build_rollout_batches(
 
     Raises:
         ValueError: on empty input, mixed presence of `index` or of `rollout_log_probs` (a sample without
-            trainable tokens may lack them: it gets zeros), inconsistent sample lengths, missing or misaligned
+            trainable tokens may lack them: it gets zeros), a rollout log-prob that is not finite
+            (`check_finite_log_probs`), inconsistent sample lengths, missing or misaligned
             routes with `--use-rollout-routing-replay` (`_routed_experts`), a sample that sets an
             original field this version cannot train with (`Sample.unsupported_fields`), `rewards` lists whose
             lengths are not the number of samples, or any error of `postprocess_rewards` / `build_schedule`.
@@ -436,6 +466,8 @@ def build_rollout_batches(
         check_token_ids(ordered, tokens_t, vocab_size)
     masks_t = [torch.tensor(m, dtype=torch.float32) for m in masks]
     logp_t = None if lp_lists[0] is None else [torch.tensor(lp, dtype=torch.float32) for lp in lp_lists]
+    if logp_t is not None:
+        check_finite_log_probs(ordered, logp_t, "rollout_log_probs")
     # Vision tensors travel only when some sample has images; text-only batches keep the field None.
     with_mm = any(s.multimodal_train_inputs is not None for s in ordered)
     teacher_t = _teacher_log_probs(cfg, ordered)

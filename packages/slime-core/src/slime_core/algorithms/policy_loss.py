@@ -104,7 +104,8 @@ def sequence_mean_ppo_kl(ppo_kl: torch.Tensor, loss_mask: torch.Tensor, response
     """GSPO sequence-level log-ratio (Zheng et al. 2025, arXiv:2507.18071).
 
     `s_i = Σ_t ppo_kl_it·m_it / max(Σ_t m_it, 1)` broadcast to every token of sample i, so
-    `exp(-s_i)` is the length-normalized sequence likelihood ratio.
+    `exp(-s_i)` is the length-normalized sequence likelihood ratio. A masked token adds exactly 0, whatever its
+    value (as in the loss reducers): a non-finite log-prob there (a tool token) does not make the sequence NaN.
 
     Args:
         ppo_kl: `[T]`.
@@ -115,7 +116,9 @@ def sequence_mean_ppo_kl(ppo_kl: torch.Tensor, loss_mask: torch.Tensor, response
         `[T]` float32.
     """
     mask = loss_mask.float()
-    per_seq = segment_sums(ppo_kl * mask, response_lengths) / segment_sums(mask, response_lengths).clamp(min=1.0)
+    # where() rather than x·m: inf·0 is NaN, and one NaN token would poison its whole sequence's ratio.
+    masked = torch.where(mask > 0, ppo_kl * mask, ppo_kl.new_zeros(()))
+    per_seq = segment_sums(masked, response_lengths) / segment_sums(mask, response_lengths).clamp(min=1.0)
     lengths = torch.as_tensor(list(response_lengths), dtype=torch.long, device=ppo_kl.device)
     return torch.repeat_interleave(per_seq, lengths)
 
