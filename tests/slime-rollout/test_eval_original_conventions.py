@@ -285,3 +285,22 @@ async def test_an_eval_config_response_length_needs_no_rollout_flag(use_client, 
         "--eval-max-response-len or --rollout-max-response-len"
     )):  # fmt: skip
         eval_datasets(_args(eval_config=str(config), rollout_max_response_len=None, **common))
+
+
+def shaped_reward(args, sample):
+    """A shaped reward (0.5) that keeps the unshaped one (1.0) for the training curve, as `metadata["raw_reward"]`."""
+    sample.metadata["raw_reward"] = 1.0
+    return 0.5
+
+
+async def test_eval_scores_are_the_rewards_not_the_training_curves_raw_reward(use_client, tmp_path):
+    # The original's eval reads `sample.reward` (its `--eval-reward-key` entry); `metadata["raw_reward"]` is what
+    # its rollout/raw_reward shows for training samples. Here the eval took the metadata's, so eval/<name> showed
+    # 1.0 where the original's shows 0.5.
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "a", "label": "A"}\n')
+    args = _args(eval_prompt_data=["toy", str(data)], input_key="prompt", custom_rm_path=f"{__name__}.shaped_reward",
+                 custom_generate_function_path=f"{__name__}.answer_a")  # fmt: skip
+    out = await eval_rollout_async(args, 0)
+    assert out.data["toy"]["rewards"] == [0.5] and out.metrics["eval/toy"] == 0.5

@@ -44,7 +44,7 @@ from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_s
 from slime_rollout.generation.generate import build_sampling_params
 from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm, seeded_params
 from slime_rollout.runtime import async_utils
-from slime_rollout.runtime.metrics import flatten_groups, pass_at_k, response_metrics, reward_value
+from slime_rollout.runtime.metrics import flatten_groups, pass_at_k, response_metrics
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -365,7 +365,8 @@ async def _eval_dataset(
     flat = [s for s in flat if s.status is not Status.ABORTED]
     key = _or(args.eval_reward_key, args.reward_key)
     result = {
-        "rewards": [reward_value(s, key) for s in flat],
+        # The reward itself, as the original's eval reads it: `metadata["raw_reward"]` is the training curve's.
+        "rewards": [s.get_reward_value(key) for s in flat],
         "truncated": [s.status is Status.TRUNCATED for s in flat],
         "samples": flat,
     }
