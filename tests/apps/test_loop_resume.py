@@ -175,3 +175,19 @@ def test_the_run_state_of_a_checkpoint_holds_no_eval_after_it(monkeypatch, tmp_p
     assert sorted(step for step, metrics in logged.items() if "eval/demo" in metrics) == [0, 2, 4]
     state = json.loads(run_state_path(tmp_path, 1).read_text())
     assert state["instability"]["last_eval"] == {"eval/demo": [0, 0.25]}  # the eval before training, not the one at 2
+
+
+def test_a_finished_run_extended_from_its_last_checkpoint_evaluates_it_again(monkeypatch, tmp_path):
+    # A run's last rollout is always evaluated (at x = num_rollout) and saved. Extended with --load and a larger
+    # --num-rollout, the resumed run hides that point in TensorBoard (`Tracker.begin_at`: purge from its start, x =
+    # num_rollout) and did not evaluate again, its own schedule not making that rollout the last: the first run's
+    # final eval was gone from the curves.
+    common = {"rollout_batch_size": 1, "eval_prompt_data": ["demo", "/e.jsonl"], "eval_interval": 2,
+              "save": str(tmp_path)}  # fmt: skip
+    first = _run_from(monkeypatch, SlimeArgs.from_dict({**common, "num_rollout": 3}), 0)
+    assert sorted(step for step, metrics in first.items() if "eval/demo" in metrics) == [0, 2, 3]
+    extended = _run_from(monkeypatch, SlimeArgs.from_dict({**common, "num_rollout": 6, "load": str(tmp_path)}), 3)
+    assert sorted(step for step, metrics in extended.items() if "eval/demo" in metrics) == [3, 4, 6]
+    # Without eval in the extended run, none runs at its start either.
+    quiet = {**common, "num_rollout": 6, "load": str(tmp_path), "eval_interval": None, "eval_prompt_data": None}
+    assert not any("eval/demo" in m for m in _run_from(monkeypatch, SlimeArgs.from_dict(quiet), 3).values())

@@ -256,3 +256,51 @@ def test_an_eval_config_dataset_with_images_needs_the_chat_template(tmp_path):
         eval_datasets(_args(eval_config=str(config)))
     (dataset,) = eval_datasets(_args(eval_config=str(config), apply_chat_template=True))
     assert dataset["multimodal_keys"] == {"image": "images"}  # the JSON text, parsed as the flag's is
+
+
+async def test_an_eval_config_response_length_needs_no_rollout_flag(use_client, tmp_path):
+    # The original resolves an eval dataset's max_response_len entry → eval.defaults → --eval-max-response-len →
+    # --rollout-max-response-len; here the flags were required first, so an eval-only run (--num-rollout 0) whose
+    # --eval-config gives the length failed with "--rollout-max-response-len is required (or --eval-max-response-len)".
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "a", "label": "A"}\n')
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n"
+        "  defaults: {max_response_len: 16}\n"
+        "  datasets:\n"
+        f"    - {{name: by_default, path: {data}}}\n"
+        f"    - {{name: by_entry, path: {data}, max_response_len: 4}}\n"
+    )
+    common = dict(input_key="prompt", num_rollout=0, eval_interval=1,
+                  custom_generate_function_path=f"{__name__}.answer_a")  # fmt: skip
+    out = await eval_rollout_async(_args(eval_config=str(config), rollout_max_response_len=None, **common), 0)
+    assert out.data["by_default"]["samples"][0].metadata["params"]["max_new_tokens"] == 16
+    assert out.data["by_entry"]["samples"][0].metadata["params"]["max_new_tokens"] == 4
+    # A dataset that no setting gives a length is one error naming it and where the length may come from.
+    config.write_text(f"eval:\n  datasets:\n    - {{name: bare, path: {data}}}\n")
+    with pytest.raises(ValueError, match=re.escape(
+        f"--eval-config {config} dataset 'bare': no response length: set its max_response_len (or eval.defaults'), "
+        "--eval-max-response-len or --rollout-max-response-len"
+    )):  # fmt: skip
+        eval_datasets(_args(eval_config=str(config), rollout_max_response_len=None, **common))
+
+
+def shaped_reward(args, sample):
+    """A shaped reward (0.5) that keeps the unshaped one (1.0) for the training curve, as `metadata["raw_reward"]`."""
+    sample.metadata["raw_reward"] = 1.0
+    return 0.5
+
+
+async def test_eval_scores_are_the_rewards_not_the_training_curves_raw_reward(use_client, tmp_path):
+    # The original's eval reads `sample.reward` (its `--eval-reward-key` entry); `metadata["raw_reward"]` is what
+    # its rollout/raw_reward shows for training samples. Here the eval took the metadata's, so eval/<name> showed
+    # 1.0 where the original's shows 0.5.
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "a", "label": "A"}\n')
+    args = _args(eval_prompt_data=["toy", str(data)], input_key="prompt", custom_rm_path=f"{__name__}.shaped_reward",
+                 custom_generate_function_path=f"{__name__}.answer_a")  # fmt: skip
+    out = await eval_rollout_async(args, 0)
+    assert out.data["toy"]["rewards"] == [0.5] and out.metrics["eval/toy"] == 0.5

@@ -38,10 +38,19 @@ def test_pass_at_k_by_hand_and_by_enumeration():
 
 def test_pass_at_k_edge_cases():
     assert pass_at_k([]) == {}
-    assert pass_at_k([[1.0]]) == {"pass@1": 1.0}
     assert set(pass_at_k([[0.0] * 6])) == {"pass@1", "pass@2", "pass@4"}  # powers of 2 up to n
     with pytest.raises(ValueError, match="equal"):
         pass_at_k([[1.0, 0.0], [1.0]])
+
+
+def test_groups_of_one_have_no_pass_at_k_as_in_the_original():
+    # The original's compute_pass_rate returns {} for a group size of 1 (`--n-samples-per-eval-prompt 1`, the
+    # default, or `--n-samples-per-prompt 1`); here `eval/<name>-pass@1` and `passrate/pass@1` were written, a curve
+    # the original never draws (the share of rewards equal to 1, unlike `eval/<name>` for graded rewards).
+    assert pass_at_k([[1.0], [0.5], [0.0]]) == {}
+    groups = [[_sample(0, 1.0)], [_sample(1, 0.5)]]
+    on = compute_rollout_metrics(_args(log_passrate=True), groups, rollout_time=1.0)
+    assert on["rollout/raw_reward"] == 0.75 and not any(k.startswith("passrate/") for k in on)
 
 
 def _sample(index, reward):

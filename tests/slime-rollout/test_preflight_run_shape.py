@@ -50,7 +50,8 @@ def test_an_eval_only_run_needs_only_the_eval_response_budget(tmp_path, extra, r
             "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "0", "--eval-interval", "1",
             "--eval-prompt-data", "aime", str(data), "--actor-num-gpus-per-node", "1", *extra]  # fmt: skip
     errors = _errors(parse_args(args))
-    assert errors == (["--rollout-max-response-len is required (or --eval-max-response-len)"] if refused else [])
+    message = "--eval-prompt-data dataset 'aime': no response length: set --eval-max-response-len or "
+    assert errors == ([message + "--rollout-max-response-len"] if refused else [])
 
 
 async def make_prompt(args, sample, sampling_params):

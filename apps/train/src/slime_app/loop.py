@@ -12,6 +12,7 @@ calls `step` for every rollout id. Everything is torn down in `close`, also on e
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -57,6 +58,34 @@ def _timed(metrics: dict[str, float], key: str, fn: Callable[[], Any]) -> None:
     t0 = time.perf_counter()
     fn()
     metrics[key] = time.perf_counter() - t0
+
+
+class EvalAfterSave:
+    """Whether the run that saved a checkpoint was due to evaluate right after it (the run state's `eval` part).
+
+    That eval runs after the save and is written at x = rollout + 1, where a run resumed from the checkpoint starts
+    and TensorBoard hides the earlier points (`Tracker.begin_at`). The resumed run evaluates again where it was due
+    then, also when its own schedule no longer says so: a finished run extended with a larger `--num-rollout` lost
+    the eval of its last rollout.
+
+    Attributes:
+        due: set by the loop before each run-state save.
+        due_when_saved: what the checkpoint's run state said (False without one: older states have no such part).
+    """
+
+    optional = True  # `load_run_state`: a run state written before this part existed has none; nothing to say
+
+    def __init__(self) -> None:
+        self.due = False
+        self.due_when_saved = False
+
+    def state(self) -> dict[str, bool]:
+        """`{"due": bool}` for the run state."""
+        return {"due": self.due}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Reads `state()`; raises TypeError/KeyError on another shape (`load_run_state` warns and goes on)."""
+        self.due_when_saved = bool(state["due"])
 
 
 class Run:
@@ -260,7 +289,13 @@ class Run:
     @property
     def _state_keepers(self) -> dict[str, Any]:
         """The driver's parts of a checkpoint (`slime_app.run_state`): objects with `state()` and `restore(state)`."""
-        return {"goodput": self.goodput, "instability": self.instability, "tracker": self.tracker}
+        return {"goodput": self.goodput, "instability": self.instability, "tracker": self.tracker,
+                "eval": self.eval_after_save}  # fmt: skip
+
+    @functools.cached_property
+    def eval_after_save(self) -> EvalAfterSave:
+        """Whether the eval after the last saved rollout was due (`EvalAfterSave`)."""
+        return EvalAfterSave()
 
     def _eval_due_at_resume(self, start: int) -> bool:
         """Whether a run resumed from `--load` at `start` evaluates the loaded weights before its first step.
@@ -275,7 +310,9 @@ class Run:
         cfg = self.cfg
         if not (cfg.load and 0 < start <= cfg.num_rollout and cfg.start_rollout_id is None):
             return False
-        return should_run(cfg.eval_interval, start - 1, cfg.num_rollout, self.per_epoch)
+        # Or due in the run that saved it (`EvalAfterSave`): its last rollout, when this run extends it.
+        due_then = cfg.eval_interval is not None and self.eval_after_save.due_when_saved
+        return due_then or should_run(cfg.eval_interval, start - 1, cfg.num_rollout, self.per_epoch)
 
     def step(self, rollout_id: int) -> None:
         """One rollout, top to bottom: samples → train → save → weight sync → log (→ run state) → eval."""
@@ -319,6 +356,7 @@ class Run:
         if not cfg.debug_rollout_only and self._saves_after(rollout_id):
             # Its checkpoint is committed and the rollout accounted. The eval after it is not in this state: a resume
             # runs it again (`_eval_due_at_resume`), so its point is in the curve and the rules once.
+            self.eval_after_save.due = should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch)
             with self._save_errors(rollout_id, "run-state save"):
                 save_run_state(cfg.save, rollout_id, {k: v.state() for k, v in self._state_keepers.items()})
         # The actor's first step: after the critic-only warm-up (the weights are still the synced ones then).

@@ -1,11 +1,11 @@
 """The driver's own part of a checkpoint: what its metric keepers need to go on after a resume.
 
 `<--save>/rollout/run_state_<rollout_id>.json`, beside the data cursor, holds `GoodputMeter.state()` (the totals of
-`goodput/cum/*`), `InstabilityMonitor.state()` (the rules' baselines and windows) and `Tracker.state()` (the points
-of the reward/eval curve PNG) through that rollout. The loop
-writes it once the rollout's checkpoint is committed and its metrics are accounted; a run resumed at rollout S reads
-`run_state_<S-1>.json` from `--load`. Without it the cumulative curves restarted from zero at every resume and the
-instability rules re-based themselves on the resumed rollouts.
+`goodput/cum/*`), `InstabilityMonitor.state()` (the rules' baselines and windows), `Tracker.state()` (the points
+of the reward/eval curve PNG) through that rollout and `loop.EvalAfterSave.state()` (the eval after it was due).
+The loop writes it once the rollout's checkpoint is committed and its metrics are accounted; a run resumed at
+rollout S reads `run_state_<S-1>.json` from `--load`. Without it the cumulative curves restarted from zero at every
+resume and the instability rules re-based themselves on the resumed rollouts.
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ def load_run_state(root: str | os.PathLike[str], rollout_id: int, keepers: dict[
         return []
     restored = []
     for name, keeper in keepers.items():
+        if name not in parts and getattr(keeper, "optional", False):
+            continue  # a part newer than the file: the keeper's default stands, as without a checkpoint
         try:
             keeper.restore(parts[name])
         except (KeyError, TypeError, ValueError, AttributeError) as e:

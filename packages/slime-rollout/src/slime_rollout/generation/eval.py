@@ -44,7 +44,7 @@ from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_s
 from slime_rollout.generation.generate import build_sampling_params
 from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm, seeded_params
 from slime_rollout.runtime import async_utils
-from slime_rollout.runtime.metrics import flatten_groups, pass_at_k, response_metrics, reward_value
+from slime_rollout.runtime.metrics import flatten_groups, pass_at_k, response_metrics
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -185,14 +185,15 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
         `rm_type_given` (the dataset's `rm_type` came from `--eval-config`, so it overrides the rows' own).
 
     Raises:
-        ValueError: odd `--eval-prompt-data`, duplicate names, or a malformed `--eval-config` (or one without
-            datasets, when `--eval-prompt-data` gives none either).
+        ValueError: odd `--eval-prompt-data`, duplicate names, a malformed `--eval-config` (or one without
+            datasets, when `--eval-prompt-data` gives none either), or a dataset that nothing gives a response length
+            (its `max_response_len`, `eval.defaults`', `--eval-max-response-len`, `--rollout-max-response-len`).
     """
     spec = list(cfg.eval_prompt_data or [])
     if len(spec) % 2:
         raise ValueError(f"--eval-prompt-data takes pairs 'name path', got {len(spec)} values: {spec}")
     defaults: dict[str, Any] = {}
-    entries = [{"name": n, "path": p} for n, p in zip(spec[0::2], spec[1::2], strict=True)]
+    entries = from_flag = [{"name": n, "path": p} for n, p in zip(spec[0::2], spec[1::2], strict=True)]
     if cfg.eval_config:
         defaults, from_yaml = _load_eval_config(cfg.eval_config)
         if not from_yaml and not entries:
@@ -221,14 +222,24 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
         "custom_generate_function_path": None,
         "metadata_overrides": {},
     }
-    base_params = build_sampling_params(cfg, evaluation=True)
+    flag_length = _or(cfg.eval_max_response_len, cfg.rollout_max_response_len)
     resolved = []
     for entry in entries:
         dataset = {**flags, **defaults, **entry}
-        params = dict(base_params)
+        # The dataset's own length (entry, then eval.defaults) comes before the flags, as the original resolves it:
+        # required first, the flags failed an eval-only run whose --eval-config gave every dataset its length.
+        own_length = dataset.get("max_response_len")
+        if own_length is None and flag_length is None:
+            hint = "--eval-max-response-len or --rollout-max-response-len"
+            if any(entry is e for e in from_flag):
+                where = "--eval-prompt-data"
+            else:
+                where, hint = f"--eval-config {cfg.eval_config}", f"its max_response_len (or eval.defaults'), {hint}"
+            raise ValueError(f"{where} dataset {entry['name']!r}: no response length: set {hint}")
+        params = build_sampling_params(cfg, evaluation=True, max_new_tokens=own_length)
         for key in _SAMPLING_KEYS:
-            if key in defaults or key in entry:
-                params["max_new_tokens" if key == "max_response_len" else key] = dataset[key]
+            if key != "max_response_len" and (key in defaults or key in entry):  # the length is in `params` already
+                params[key] = dataset[key]
         dataset["sampling_params"] = params
         dataset["key_flags"] = _key_flags(cfg, defaults, entry)
         if "multimodal_keys" in entry or "multimodal_keys" in defaults:
@@ -354,7 +365,8 @@ async def _eval_dataset(
     flat = [s for s in flat if s.status is not Status.ABORTED]
     key = _or(args.eval_reward_key, args.reward_key)
     result = {
-        "rewards": [reward_value(s, key) for s in flat],
+        # The reward itself, as the original's eval reads it: `metadata["raw_reward"]` is the training curve's.
+        "rewards": [s.get_reward_value(key) for s in flat],
         "truncated": [s.status is Status.TRUNCATED for s in flat],
         "samples": flat,
     }
@@ -381,7 +393,9 @@ async def eval_rollout_async(args: SlimeArgs, rollout_id: int) -> RolloutFnEvalO
         raise ValueError("eval rollout needs --eval-prompt-data name path [...] or --eval-config")
     if args.group_rm:
         raise ValueError("--group-rm is not supported in eval rollouts")
-    state = RolloutState.create(args, rollout_id=rollout_id, evaluation=True)
+    # Each dataset passes its own params; the state's are the first dataset's (flags alone may give no length).
+    params = datasets[0]["sampling_params"]
+    state = RolloutState.create(args, rollout_id=rollout_id, evaluation=True, sampling_params=params)
     results = await asyncio.gather(*(_eval_dataset(args, dataset, state) for dataset in datasets))
     data = {dataset["name"]: result for dataset, (result, _) in zip(datasets, results, strict=True)}
     metrics: dict[str, float] = {}

@@ -60,7 +60,9 @@ def context_limit(args: Any, *, evaluation: bool) -> int | None:
     return engine_context_len(args.hf_checkpoint, args.sglang_args) if limit is None else limit
 
 
-def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[str, Any]:
+def build_sampling_params(
+    cfg: SlimeArgs, *, evaluation: bool = False, max_new_tokens: int | None = None
+) -> dict[str, Any]:
     """SGLang `sampling_params` from the run config.
 
     Args:
@@ -68,6 +70,8 @@ def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[s
             `rollout_stop`, `rollout_stop_token_ids`, `rollout_skip_special_tokens`; with `evaluation`
             the `eval_*` counterparts override them when set (`eval_min_new_tokens` too).
         evaluation: build eval sampling parameters.
+        max_new_tokens: the response budget in tokens when the caller has its own (an `--eval-config` dataset's
+            `max_response_len`); None: the flags'.
 
     Returns:
         `{temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids, skip_special_tokens,
@@ -81,7 +85,8 @@ def build_sampling_params(cfg: SlimeArgs, *, evaluation: bool = False) -> dict[s
     def pick(eval_value: Any, rollout_value: Any) -> Any:
         return eval_value if evaluation and eval_value is not None else rollout_value
 
-    max_new_tokens = pick(cfg.eval_max_response_len, cfg.rollout_max_response_len)
+    if max_new_tokens is None:
+        max_new_tokens = pick(cfg.eval_max_response_len, cfg.rollout_max_response_len)
     if max_new_tokens is None:
         raise ValueError(
             "--rollout-max-response-len is required" + (" (or --eval-max-response-len)" if evaluation else "")

@@ -68,11 +68,23 @@ class RolloutState:
     reward_seconds: float = 0.0
 
     @classmethod
-    def create(cls, args: SlimeArgs, *, rollout_id: int | None, evaluation: bool = False) -> RolloutState:
-        """Builds the state: `sglang_server_concurrency × num_engines` requests at a time, the sampling flags."""
+    def create(
+        cls,
+        args: SlimeArgs,
+        *,
+        rollout_id: int | None,
+        evaluation: bool = False,
+        sampling_params: dict[str, Any] | None = None,
+    ) -> RolloutState:
+        """Builds the state: `sglang_server_concurrency × num_engines` requests at a time, the sampling flags.
+
+        `sampling_params`, when given, stands in for the flags' (an eval's datasets resolve their own).
+        """
+        if sampling_params is None:
+            sampling_params = build_sampling_params(args, evaluation=evaluation)
         return cls(
             semaphore=asyncio.Semaphore(args.sglang_server_concurrency * num_engines(args)),
-            sampling_params=build_sampling_params(args, evaluation=evaluation),
+            sampling_params=sampling_params,
             evaluation=evaluation,
             rollout_id=rollout_id,
         )

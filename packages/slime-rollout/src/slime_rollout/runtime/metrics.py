@@ -168,7 +168,7 @@ def multi_turn_metrics(samples: Sequence[Sample], max_response_len: int | None) 
 
 
 def pass_at_k(groups: Sequence[Sequence[float]]) -> dict[str, float]:
-    """Mean unbiased pass@k over prompt groups, for k = 1, 2, 4, ... up to the group size.
+    """Mean unbiased pass@k over prompt groups, for k = 1, 2, 4, ... up to the group size (none for groups of one).
 
     Per group of n rewards with c of them equal to 1: pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021,
     "Evaluating Large Language Models Trained on Code", eq. 1); the original counts a reward of exactly 1
@@ -178,7 +178,8 @@ def pass_at_k(groups: Sequence[Sequence[float]]) -> dict[str, float]:
         groups: the rewards of each prompt group; all groups must have the same size n >= 1.
 
     Returns:
-        `{"pass@1": ..., "pass@2": ..., ...}`; empty for no groups.
+        `{"pass@1": ..., "pass@2": ..., ...}`; empty for no groups, and for groups of one sample, as the original's
+        `compute_pass_rate` (its pass@1 would only restate the rewards).
 
     Raises:
         ValueError: groups of different sizes.
@@ -189,6 +190,8 @@ def pass_at_k(groups: Sequence[Sequence[float]]) -> dict[str, float]:
     if len(sizes) > 1 or 0 in sizes:
         raise ValueError(f"pass@k needs equal non-empty groups, got sizes {sorted(sizes)}")
     n = sizes.pop()
+    if n == 1:
+        return {}
     correct = [sum(r == 1 for r in g) for g in groups]
     out = {}
     k = 1
