@@ -343,6 +343,11 @@ def test_a_resume_with_another_lr_is_refused_before_the_run(model, tmp_path):
         "1e-06 saved); a resumed run continues"
     )
     assert check_checkpoints(cfg("--lr", "2e-6", "--no-load-optim"))  # the schedule starts afresh: fine
+    # Issue 27 (pass 55): the AdamW flags too (the optimizer state would carry the saved ones).
+    with pytest.raises(
+        ValueError, match=r"optimizer settings differ from this run's flags \(--weight-decay 0.1 here vs 0"
+    ):
+        check_checkpoints(cfg("--weight-decay", "0.1"))
 
 
 def test_a_truncated_scheduler_file_is_one_error_naming_load_and_the_iteration_to_resume_from(model, tmp_path):

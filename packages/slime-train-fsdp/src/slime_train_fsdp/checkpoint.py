@@ -173,6 +173,14 @@ class _OtherParameters(ValueError):
     """The checkpoint's files are fine but hold other parameters (names or shapes) than the model being loaded."""
 
 
+class _OtherSchedule(ValueError):
+    """The checkpoint's learning-rate schedule or AdamW settings differ from this run's flags (`load_scheduler_state`).
+
+    Told apart from a file that cannot be read: it was reported as a damaged checkpoint, naming `--load` for the
+    critic's `--critic-load`.
+    """
+
+
 def _parameter_differences(
     state_dir: pathlib.Path, model_sd: dict[str, Any], not_read: frozenset[str] = frozenset()
 ) -> str | None:
@@ -270,7 +278,11 @@ def _read(
     else:
         set_model_state_dict(model, state["model"], options=partial)
     if load_optim and has_optim:
-        load_scheduler_state(scheduler, torch.load(path / "scheduler.pt", weights_only=False))
+        saved_schedule = torch.load(path / "scheduler.pt", weights_only=False)
+        try:
+            load_scheduler_state(scheduler, saved_schedule)
+        except ValueError as e:
+            raise _OtherSchedule(str(e)) from None
     rng_file = path / f"rng_{dist.get_rank()}.pt"
     if load_rng and rng_file.exists():
         rng = torch.load(rng_file, weights_only=False)
@@ -357,7 +369,8 @@ def load_checkpoint(
         FileNotFoundError: when `ckpt_step` (or the tracker) names a missing checkpoint.
         ValueError: the tracker names no iteration; `load_optim` with a checkpoint saved without optimizer
             state (`--no-save-optim`: names `--no-load-optim`); a model flag differs from the saved one (names the
-            flag and both values); the saved parameters differ from the model's (names the first differing ones); or the
+            flag and both values); the saved parameters differ from the model's (names the first differing ones); the
+            learning-rate schedule or AdamW flags differ from the saved ones (`load_scheduler_state`); or the
             checkpoint's files cannot be read (truncated, corrupt): the message names `flag`, the iteration and
             the cause, and lists the other complete iterations.
     """
@@ -397,6 +410,8 @@ def load_checkpoint(
             "the parameters differs from the saved run's (--lora-rank, --lora-target-modules, --hf-checkpoint); "
             "resume with the saved run's flags"
         ) from None
+    except _OtherSchedule as e:
+        raise ValueError(str(e).replace("--load:", f"{flag} {root}: {path.name}:", 1)) from None
     except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
         raise _damaged(root, path, e, flag) from e
     _note_other_world_size(root, path, meta.get("world_size"), load_rng)
