@@ -454,7 +454,8 @@ def optimizer_state_refusal(
     """Why the checkpoint at `path` cannot be resumed with its optimizer: it was saved without optimizer state.
 
     The loader and the app's preflight (`slime_app.checkpoints`) refuse it by this one rule: `meta.json`'s
-    `save_optim` is False, or (a checkpoint saved before that field) `scheduler.pt` is missing.
+    `save_optim` is False, or (a checkpoint saved before that field) `scheduler.pt` is missing. A checkpoint saved
+    with its optimizer state whose `scheduler.pt` is gone is refused as such (a partial copy).
 
     Args:
         load_dir: the `--load` directory (named in the message).
@@ -474,6 +475,13 @@ def optimizer_state_refusal(
     saved = meta.get("save_optim", True) if isinstance(meta, dict) else True
     if saved is not False and (path / "scheduler.pt").is_file():
         return None
+    if saved is True and isinstance(meta, dict) and "save_optim" in meta:
+        # Written with its optimizer state: the file went missing since. It was called a --no-save-optim checkpoint.
+        return (
+            f"{flag} {load_dir}: {path.name}/scheduler.pt is missing, though {path.name} was saved with its optimizer "
+            "state (a partial copy); restore the file, resume from another iteration with --ckpt-step, or give "
+            "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
+        )
     return no_optimizer_state_message(load_dir, path.name, flag=flag)
 
 
