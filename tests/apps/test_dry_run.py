@@ -343,6 +343,36 @@ def test_a_resume_with_another_lr_is_refused_before_the_run(model, tmp_path):
         "1e-06 saved); a resumed run continues"
     )
     assert check_checkpoints(cfg("--lr", "2e-6", "--no-load-optim"))  # the schedule starts afresh: fine
+    # Issue 27 (pass 55): the AdamW flags too (the optimizer state would carry the saved ones).
+    with pytest.raises(
+        ValueError, match=r"optimizer settings differ from this run's flags \(--weight-decay 0.1 here vs 0"
+    ):
+        check_checkpoints(cfg("--weight-decay", "0.1"))
+
+
+def test_a_truncated_scheduler_file_is_one_error_naming_load_and_the_iteration_to_resume_from(model, tmp_path):
+    # Issue 27 (pass 55): torch's RuntimeError ("PytorchStreamReader failed reading zip archive") escaped the
+    # preflight as a traceback; the trainer's own load calls the same file damaged in one line.
+    import torch
+
+    from slime_train_fsdp.lr_schedule import build_lr_scheduler
+
+    fsdp = tmp_path / "fsdp"
+    cfg = parse_args(["--rollout-batch-size", "1", "--num-rollout", "4", "--hf-checkpoint", str(model),
+                      "--train-backend", "fsdp", "--lr", "1e-6", "--load", str(fsdp)])  # fmt: skip
+    for step in (2, 3):
+        (fsdp / f"iter_000000{step}").mkdir(parents=True)
+        (fsdp / f"iter_000000{step}" / "meta.json").write_text("{}")
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-6)
+        torch.save(build_lr_scheduler(optimizer, cfg).state_dict(), fsdp / f"iter_000000{step}" / "scheduler.pt")
+    (fsdp / "latest_checkpointed_iteration.txt").write_text("3")
+    saved = fsdp / "iter_0000003" / "scheduler.pt"
+    saved.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(cfg)
+    assert str(e.value).startswith(f"--load {fsdp}: iter_0000003/scheduler.pt cannot be read (RuntimeError: ")
+    assert str(e.value).endswith("complete checkpoints there: iterations 2; resume from one with --ckpt-step 2")
+    assert "\n" not in str(e.value)
 
 
 def test_a_resume_with_other_lora_flags_is_refused_before_the_run(model, tmp_path):

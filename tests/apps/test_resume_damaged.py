@@ -133,6 +133,48 @@ def test_a_rank_refusing_its_checkpoint_stops_the_start_in_one_line(save, monkey
     assert str(e.value) == message
 
 
+def test_a_damaged_data_cursor_stops_the_start_in_one_line(save, monkeypatch):
+    # Issue 27 (pass 55): a truncated `rollout/data_source_1.json` beside a complete iter_0000002 ended the run in the
+    # driver's traceback (exit 1) around the rollout manager's ValueError, after the engines and the trainer started.
+    cursor = save / "rollout" / "data_source_1.json"
+    message = f"{cursor}: bad data-source cursor (Unterminated string starting at: line 1 column 4549 (char 4548))"
+
+    class Trainer:
+        def preload(self, cfg):
+            pass
+
+        def start_compile_warm_up(self, cfg, gated=False):
+            pass
+
+        def release_compile_warm_up(self):
+            pass
+
+        def init(self, cfg):
+            return 2  # resumed iter_0000002: the cursor of rollout 1 is read next
+
+    loaded = []
+
+    def load(rollout_id):  # what the driver gets from the manager: Ray's task error around the data source's
+        loaded.append(rollout_id)
+        raise ray.exceptions.RayTaskError(
+            "RolloutManager.load", "Traceback ...", ValueError(message)
+        ).as_instanceof_cause()
+
+    manager = types.SimpleNamespace(start=types.SimpleNamespace(remote=lambda: []),
+                                    load=types.SimpleNamespace(remote=load))  # fmt: skip
+    monkeypatch.setattr(loop, "RolloutManager", types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(
+        remote=lambda cfg, placement: manager)))  # fmt: skip
+    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: Trainer())
+    monkeypatch.setattr(loop.ray, "get", lambda ref: ref)
+    run = loop.Run.__new__(loop.Run)  # the parts build() reads; no Ray, engines or ranks
+    run.cfg, run.placement, run.trainer = _cfg(save, "--num-rollout", "4"), None, None
+    run.tracker = types.SimpleNamespace(begin_at=lambda start: None)
+    with pytest.raises(StartRefused) as e:
+        run.build()
+    assert loaded == [1]
+    assert str(e.value) == message
+
+
 def test_ckpt_step_with_a_load_folder_that_does_not_exist_is_refused(tmp_path):
     # Issue 27: the check said "no checkpoint yet, the run starts at rollout 0" and the trainer then stopped on
     # "checkpoint .../iter_0000005 is missing" after Ray and the engines had started.

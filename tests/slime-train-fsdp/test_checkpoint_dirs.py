@@ -238,3 +238,59 @@ def test_a_resume_on_another_number_of_ranks_says_which_rng_states_are_not_resto
     with caplog.at_level("WARNING", logger="slime_train_fsdp.checkpoint"):
         _load(root, load_rng=False)  # --no-load-rng: nothing to say
     assert said() == []
+
+
+# ---- resuming with other optimizer flags ------------------------------------------------------------------------
+
+
+def _adam_parts(**flags):
+    from slime_core.config import SlimeArgs
+    from slime_train_fsdp.lr_schedule import build_lr_scheduler
+    from slime_train_fsdp.trainer_parts import build_optimizer
+
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 4, "lr": 1e-3, **flags})
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    optimizer, _ = build_optimizer(model, cfg, torch.device("cpu"))
+    return model, optimizer, build_lr_scheduler(optimizer, cfg)
+
+
+def test_a_resume_with_other_adamw_flags_is_refused_naming_each_flag(tmp_path, one_rank):
+    # Issue 27 (pass 55): torch's Optimizer.load_state_dict puts the saved param groups over this run's, so a resume
+    # with --weight-decay 0 --adam-beta2 0.95 trained on at the checkpoint's 0.1 and 0.98 with no word.
+    root = tmp_path / "save"
+    model, optimizer, scheduler = _adam_parts(weight_decay=0.1, adam_beta2=0.98)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    save_checkpoint(root, rollout_id=0, global_step=1, model=model, optimizer=optimizer, scheduler=scheduler)
+
+    model, optimizer, scheduler = _adam_parts(weight_decay=0.0, adam_beta2=0.95)
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler)
+    assert str(e.value) == (
+        f"--load {root}: iter_0000001: the checkpoint's optimizer settings differ from this run's flags "
+        "(--weight-decay 0.0 here vs 0.1 saved; --adam-beta2 0.95 here vs 0.98 saved); a resumed run continues the "
+        "checkpoint's optimizer state: give the saved values, or --no-load-optim to start the optimizer and its "
+        "schedule afresh"
+    )
+    model, optimizer, scheduler = _adam_parts(weight_decay=0.1, adam_beta2=0.98)  # the saved flags resume
+    assert load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler)["next_rollout_id"] == 1
+    assert optimizer.param_groups[0]["weight_decay"] == 0.1 and optimizer.param_groups[0]["betas"] == (0.9, 0.98)
+
+
+def test_another_schedule_of_the_critic_is_refused_as_such_not_as_a_damaged_checkpoint(tmp_path, one_rank):
+    # Issue 27 (pass 55): the preflight checks the actor's schedule only; the critic's loader caught the refusal with
+    # the unreadable-file errors: "--critic-load ...: iter_0000001 cannot be read (--load: the checkpoint's
+    # learning-rate schedule differs ...); it was damaged after it was written".
+    root = tmp_path / "critic"
+    model, optimizer, scheduler = _adam_parts()
+    save_checkpoint(root, rollout_id=0, global_step=1, model=model, optimizer=optimizer, scheduler=scheduler)
+    model, optimizer, scheduler = _adam_parts(lr=2e-3)
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler, flag="--critic-load")
+    assert str(e.value).startswith(
+        f"--critic-load {root}: iter_0000001: the checkpoint's learning-rate schedule differs from this run's flags "
+        "(--lr 0.002 here vs 0.001 saved)"
+    )
+    assert "damaged" not in str(e.value)

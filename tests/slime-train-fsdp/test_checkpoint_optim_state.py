@@ -93,3 +93,20 @@ def test_the_loader_and_the_preflight_refuse_by_one_rule(tmp_path):
     assert optimizer_state_refusal(tmp_path, step) is None
     (step / "scheduler.pt").unlink()
     assert optimizer_state_refusal(tmp_path, step, {"save_optim": True}) is not None
+
+
+def test_a_lost_scheduler_file_of_a_checkpoint_saved_with_its_optimizer_is_not_called_no_save_optim(tmp_path, one_rank):
+    # Issue 27 (pass 55): a partial copy without scheduler.pt was refused as "saved with --no-save-optim", which
+    # meta.json says it was not; the refusal now says what is missing and the ways on.
+    root = tmp_path / "save"
+    _trained_save(root, save_optim=True)
+    (root / "iter_0000005" / "scheduler.pt").unlink()
+    model, optimizer, scheduler = _parts()
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(root, model=model, optimizer=optimizer, scheduler=scheduler)
+    assert str(e.value) == (
+        f"--load {root}: iter_0000005/scheduler.pt is missing, though iter_0000005 was saved with its optimizer state "
+        "(a partial copy); restore the file, resume from another iteration with --ckpt-step, or give --no-load-optim "
+        "to start the optimizer and its learning-rate schedule afresh"
+    )
+    assert not optimizer.state  # refused before anything was read

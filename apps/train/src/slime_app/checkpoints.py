@@ -93,8 +93,9 @@ def _a(kind: str) -> str:
     return f"{'an' if kind in _AN else 'a'} {kind} checkpoint"
 
 
-def _recovery_hint(root: pathlib.Path) -> str:
-    iterations = complete_iterations(root)
+def _recovery_hint(root: pathlib.Path, *, exclude: str | None = None) -> str:
+    """The complete iterations under `root` to resume from (`exclude`: the name of one found damaged)."""
+    iterations = [step for step in complete_iterations(root) if iteration_name(step) != exclude]
     cut = interrupted_saves(root)
     aside = (
         f"; {', '.join(f'{iteration_name(step)}.old' for step in cut)}: complete, moved aside by a save cut between "
@@ -103,7 +104,8 @@ def _recovery_hint(root: pathlib.Path) -> str:
         else ""
     )
     if not iterations:
-        return f"no complete checkpoint is there: leave out --load to start afresh{aside}"
+        other = " other" if exclude else ""
+        return f"no{other} complete checkpoint is there: leave out --load to start afresh{aside}"
     return (
         f"complete checkpoints there: iterations {', '.join(map(str, iterations))}; resume from one with "
         f"--ckpt-step {iterations[-1]}{aside}"
@@ -321,7 +323,16 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
     saved = step_dir / "scheduler.pt"
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=float(cfg.lr))
     try:
-        load_scheduler_state(build_lr_scheduler(optimizer, cfg), torch.load(saved, weights_only=False))
+        state = torch.load(saved, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - a truncated file: torch raises RuntimeError/EOFError/UnpicklingError
+        # It escaped the CLI's one-line errors as torch's traceback ("PytorchStreamReader failed ...").
+        raise ValueError(
+            f"--load {root}: {step_dir.name}/{saved.name} cannot be read ({type(e).__name__}: {first_sentence(e)}); "
+            f"it was damaged after it was written (a partial copy, a crash before it reached the disk); "
+            f"{_recovery_hint(root, exclude=step_dir.name)}"
+        ) from None
+    try:
+        load_scheduler_state(build_lr_scheduler(optimizer, cfg), state)
     except ValueError as e:
         raise ValueError(str(e).replace("--load:", f"--load {root}:", 1)) from None
 

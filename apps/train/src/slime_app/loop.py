@@ -53,6 +53,22 @@ _TRANSPORTS = {  # --weight-sync after validation resolved "auto"
 }
 
 
+@contextlib.contextmanager
+def _refused_input(what: str) -> Iterator[None]:
+    """Bad input met while starting (a damaged `--load` checkpoint or data cursor) is `StartRefused`: one line.
+
+    The error a Ray actor raised (`ValueError`/`FileNotFoundError` under Ray's task error) was the driver's traceback.
+    """
+    try:
+        yield
+    except Exception as e:
+        cause = root_cause(e)
+        if isinstance(cause, (ValueError, FileNotFoundError)):
+            logger.debug("%s", what, exc_info=True)
+            raise StartRefused(" ".join(str(cause).split())) from e
+        raise
+
+
 def _timed(metrics: dict[str, float], key: str, fn: Callable[[], Any]) -> None:
     """Runs `fn` and records its wall seconds under `key` (the colocated memory swaps: `perf/*_time`)."""
     t0 = time.perf_counter()
@@ -220,15 +236,8 @@ class Run:
         start = 0
         if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
-                try:
+                with _refused_input("the trainer ranks did not start"):
                     start = self.trainer.init(cfg)  # the actor pins --load's iteration (pin_load_step)
-                except Exception as e:
-                    cause = root_cause(e)
-                    # Bad input (a damaged --load, a missing file) is one line, not a rank's traceback.
-                    if isinstance(cause, (ValueError, FileNotFoundError)):
-                        logger.debug("the trainer ranks did not start", exc_info=True)
-                        raise StartRefused(" ".join(str(cause).split())) from e
-                    raise
             if start > 0 and cfg.load:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
         if cfg.start_rollout_id is not None:
@@ -238,7 +247,8 @@ class Run:
         if start > 0 and cfg.num_rollout > 0:  # an eval-only run (--num-rollout 0) draws no prompt
             # As the original: the data cursor of the rollout before the one the run starts at, --start-rollout-id
             # included (it was the checkpoint's, so the prompts did not follow the rollout ids).
-            ray.get(self.manager.load.remote(start - 1))
+            with _refused_input("the data cursor was not restored"):  # a damaged data_source_<id>.json
+                ray.get(self.manager.load.remote(start - 1))
         self.restorer = EngineRestorer(cfg, self.manager, self.trainer)
         if self.trainer is not None and engine_urls:
             transport = _TRANSPORTS.get(cfg.weight_sync, cfg.weight_sync)

@@ -173,6 +173,14 @@ class _OtherParameters(ValueError):
     """The checkpoint's files are fine but hold other parameters (names or shapes) than the model being loaded."""
 
 
+class _OtherSchedule(ValueError):
+    """The checkpoint's learning-rate schedule or AdamW settings differ from this run's flags (`load_scheduler_state`).
+
+    Told apart from a file that cannot be read: it was reported as a damaged checkpoint, naming `--load` for the
+    critic's `--critic-load`.
+    """
+
+
 def _parameter_differences(
     state_dir: pathlib.Path, model_sd: dict[str, Any], not_read: frozenset[str] = frozenset()
 ) -> str | None:
@@ -270,7 +278,11 @@ def _read(
     else:
         set_model_state_dict(model, state["model"], options=partial)
     if load_optim and has_optim:
-        load_scheduler_state(scheduler, torch.load(path / "scheduler.pt", weights_only=False))
+        saved_schedule = torch.load(path / "scheduler.pt", weights_only=False)
+        try:
+            load_scheduler_state(scheduler, saved_schedule)
+        except ValueError as e:
+            raise _OtherSchedule(str(e)) from None
     rng_file = path / f"rng_{dist.get_rank()}.pt"
     if load_rng and rng_file.exists():
         rng = torch.load(rng_file, weights_only=False)
@@ -357,7 +369,8 @@ def load_checkpoint(
         FileNotFoundError: when `ckpt_step` (or the tracker) names a missing checkpoint.
         ValueError: the tracker names no iteration; `load_optim` with a checkpoint saved without optimizer
             state (`--no-save-optim`: names `--no-load-optim`); a model flag differs from the saved one (names the
-            flag and both values); the saved parameters differ from the model's (names the first differing ones); or the
+            flag and both values); the saved parameters differ from the model's (names the first differing ones); the
+            learning-rate schedule or AdamW flags differ from the saved ones (`load_scheduler_state`); or the
             checkpoint's files cannot be read (truncated, corrupt): the message names `flag`, the iteration and
             the cause, and lists the other complete iterations.
     """
@@ -397,6 +410,8 @@ def load_checkpoint(
             "the parameters differs from the saved run's (--lora-rank, --lora-target-modules, --hf-checkpoint); "
             "resume with the saved run's flags"
         ) from None
+    except _OtherSchedule as e:
+        raise ValueError(str(e).replace("--load:", f"{flag} {root}: {path.name}:", 1)) from None
     except (Exception, CheckpointException) as e:  # DCP's collection of rank errors is a BaseException
         raise _damaged(root, path, e, flag) from e
     _note_other_world_size(root, path, meta.get("world_size"), load_rng)
@@ -439,7 +454,8 @@ def optimizer_state_refusal(
     """Why the checkpoint at `path` cannot be resumed with its optimizer: it was saved without optimizer state.
 
     The loader and the app's preflight (`slime_app.checkpoints`) refuse it by this one rule: `meta.json`'s
-    `save_optim` is False, or (a checkpoint saved before that field) `scheduler.pt` is missing.
+    `save_optim` is False, or (a checkpoint saved before that field) `scheduler.pt` is missing. A checkpoint saved
+    with its optimizer state whose `scheduler.pt` is gone is refused as such (a partial copy).
 
     Args:
         load_dir: the `--load` directory (named in the message).
@@ -459,6 +475,13 @@ def optimizer_state_refusal(
     saved = meta.get("save_optim", True) if isinstance(meta, dict) else True
     if saved is not False and (path / "scheduler.pt").is_file():
         return None
+    if saved is True and isinstance(meta, dict) and "save_optim" in meta:
+        # Written with its optimizer state: the file went missing since. It was called a --no-save-optim checkpoint.
+        return (
+            f"{flag} {load_dir}: {path.name}/scheduler.pt is missing, though {path.name} was saved with its optimizer "
+            "state (a partial copy); restore the file, resume from another iteration with --ckpt-step, or give "
+            "--no-load-optim to start the optimizer and its learning-rate schedule afresh"
+        )
     return no_optimizer_state_message(load_dir, path.name, flag=flag)
 
 

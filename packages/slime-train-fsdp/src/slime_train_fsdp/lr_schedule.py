@@ -103,7 +103,24 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: SlimeArgs) -> torc
     else:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at_step(step, **kwargs) / lr)
     scheduler.slime_schedule = _schedule_flags(kwargs)  # an attribute: LambdaLR.state_dict() saves it
+    scheduler.slime_optimizer = _optimizer_flags(cfg)
     return scheduler
+
+
+def _optimizer_flags(cfg: SlimeArgs) -> dict[str, float]:
+    """The AdamW settings a resume must share with its checkpoint (kept in the scheduler's state dict, compared).
+
+    `Optimizer.load_state_dict` puts the saved param groups' values over this run's: a resume with another
+    `--weight-decay` or `--adam-beta2` trained on with the saved ones, with no word.
+    """
+    return {"--weight-decay": float(cfg.weight_decay), "--adam-beta1": float(cfg.adam_beta1),
+            "--adam-beta2": float(cfg.adam_beta2), "--adam-eps": float(cfg.adam_eps)}  # fmt: skip
+
+
+def _differences(wanted: dict[str, Any], saved: dict[str, Any]) -> list[str]:
+    """`"--flag here-value here vs saved-value saved"` for each flag whose values differ (one side may lack it)."""
+    flags = [flag for flag in dict.fromkeys([*wanted, *saved]) if wanted.get(flag) != saved.get(flag)]
+    return [f"{flag} {wanted.get(flag, '(unused)')} here vs {saved.get(flag, '(unused)')} saved" for flag in flags]
 
 
 def _schedule_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -127,18 +144,20 @@ def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: di
     one with no word. `LRScheduler.load_state_dict` alone leaves the optimizer's `lr` untouched until the next
     `step()`.
 
+    The AdamW settings (`--weight-decay`, `--adam-beta1/2`, `--adam-eps`) are compared the same way: the optimizer
+    state the checkpoint restores carries the saved ones.
+
     Raises:
-        ValueError: a flag of the schedule differs from the checkpoint's (each named with both values); a checkpoint
-            saved before the flags were stored is compared by `--lr` only.
+        ValueError: a flag of the schedule or of AdamW differs from the checkpoint's (each named with both values); a
+            checkpoint saved before the flags were stored is compared by `--lr` only (before the AdamW ones were: by
+            the schedule's).
     """
     wanted, wanted_lrs = getattr(scheduler, "slime_schedule", None), list(scheduler.base_lrs)
     saved, saved_lrs = state.get("slime_schedule"), list(state.get("base_lrs", wanted_lrs))
     hint = ""
     if saved is not None and wanted is not None:
-        flags = [flag for flag in dict.fromkeys([*wanted, *saved]) if wanted.get(flag) != saved.get(flag)]
-        differ = [f"{flag} {wanted.get(flag, '(unused)')} here vs {saved.get(flag, '(unused)')} saved"
-                  for flag in flags]  # fmt: skip
-        if _RUN_LENGTH in flags and _RUN_LENGTH in saved:  # only where the run's length is what differs
+        differ = _differences(wanted, saved)
+        if _RUN_LENGTH in saved and wanted.get(_RUN_LENGTH) != saved[_RUN_LENGTH]:  # the run's length differs
             hint = (
                 f" (the run's length is --num-rollout x --rollout-batch-size x --n-samples-per-prompt / "
                 f"--global-batch-size optimizer steps; --lr-decay-iters {saved[_RUN_LENGTH]} keeps the saved decay)"
@@ -148,11 +167,18 @@ def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: di
         differ = [] if saved_lrs == wanted_lrs else [
             f"--lr {shown(f'{v:g}' for v in wanted_lrs)} here vs {shown(f'{v:g}' for v in saved_lrs)} saved"
         ]  # fmt: skip
-    if differ:
+    wanted_adam, saved_adam = getattr(scheduler, "slime_optimizer", None), state.get("slime_optimizer")
+    adam = _differences(wanted_adam, saved_adam) if wanted_adam is not None and saved_adam is not None else []
+    if differ or adam:
+        what, state_of = (
+            ("learning-rate schedule differs", "schedule") if not adam
+            else ("optimizer settings differ", "optimizer state") if not differ
+            else ("learning-rate schedule and optimizer settings differ", "schedule and optimizer state")
+        )  # fmt: skip
         raise ValueError(
-            f"--load: the checkpoint's learning-rate schedule differs from this run's flags ({'; '.join(differ)}); a "
-            f"resumed run continues the checkpoint's schedule: give the saved values{hint}, or --no-load-optim to "
-            "start the optimizer and its schedule afresh"
+            f"--load: the checkpoint's {what} from this run's flags ({'; '.join(differ + adam)}); a resumed run "
+            f"continues the checkpoint's {state_of}: give the saved values{hint}, or --no-load-optim to start the "
+            "optimizer and its schedule afresh"
         )
     scheduler.load_state_dict(state)
     for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
