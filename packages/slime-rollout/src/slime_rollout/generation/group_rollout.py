@@ -21,6 +21,7 @@ from slime_core.sample import Sample, Status, as_status
 from slime_rollout.generation.generate import build_sampling_params, mask_offpolicy_prefix
 from slime_rollout.generation.generate import generate as default_generate
 from slime_rollout.generation.opd import score_teacher
+from slime_rollout.generation.plugin_values import check_plugin_sample_values
 from slime_rollout.generation.seeds import sample_seed
 from slime_rollout.plugins import accepts_kwarg, declares_parameter, load_function
 from slime_rollout.rewards import async_rm, batched_async_rm
@@ -128,11 +129,16 @@ def _checked_output(out: Any, what: str, *, fan_out: bool) -> Any:
 
 
 def _validated(sample: Sample, what: str) -> Sample:
-    """`sample` if its lengths agree (`Sample.validate`), else one error naming the plugin `what` and the sample.
+    """`sample` if its values and lengths are sound, else one error naming the plugin `what` and the sample.
 
     A plugin that set `loss_mask`, `rollout_log_probs` or `response_length` itself out of step with the rest failed
-    later, in the rollout's metrics or the trainer's batches, naming the sample but not the plugin that built it.
+    later, in the rollout's metrics or the trainer's batches, naming the sample but not the plugin that built it; a
+    NaN log-prob or a negative token id was trained on (`plugin_values.check_plugin_sample_values`).
     """
+    try:
+        check_plugin_sample_values(sample)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{what} returned a sample whose values are wrong: {e}") from None
     try:
         sample.validate()
     except ValueError as e:
