@@ -329,6 +329,28 @@ def _top_p_tensors(cfg: SlimeArgs, samples: Sequence[Sample]):
     return ids, offsets
 
 
+def check_log_probs_finite(samples: Sequence[Sample], log_probs: Sequence[torch.Tensor]) -> None:
+    """Checks that every rollout log-prob is a finite number (masked positions too: `0 * nan` is nan).
+
+    The generate functions' samples are checked where they are handed over (`slime_rollout`); a custom rollout
+    function or a replayed dump is not, and a NaN reached the TIS weights and the step's metrics with no word.
+
+    Args:
+        samples: the samples, in the order of `log_probs`.
+        log_probs: `[R_i]` float32 rollout log-probs of each sample.
+
+    Raises:
+        ValueError: the first sample holding a NaN or infinite log-prob, with its position in the response.
+    """
+    for sample, values in zip(samples, log_probs, strict=True):
+        finite = torch.isfinite(values)
+        if bool(finite.all()):
+            continue
+        position = int((~finite).nonzero()[0, 0])
+        value = float(values[position])
+        raise ValueError(f"sample {sample.index}: rollout_log_probs[{position}] is {value}, not a finite log-prob")
+
+
 def check_token_ids(samples: Sequence[Sample], tokens: Sequence[torch.Tensor], vocab_size: int) -> None:
     """Checks that every token id indexes the policy's embedding.
 
@@ -398,7 +420,8 @@ def build_rollout_batches(
             trainable tokens may lack them: it gets zeros), inconsistent sample lengths, missing or misaligned
             routes with `--use-rollout-routing-replay` (`_routed_experts`), a sample that sets an
             original field this version cannot train with (`Sample.unsupported_fields`), `rewards` lists whose
-            lengths are not the number of samples, or any error of `postprocess_rewards` / `build_schedule`.
+            lengths are not the number of samples, a rollout log-prob that is not finite
+            (`check_log_probs_finite`), or any error of `postprocess_rewards` / `build_schedule`.
     """
     if not samples:
         raise ValueError("build_rollout_batches: no samples")
@@ -436,6 +459,8 @@ def build_rollout_batches(
         check_token_ids(ordered, tokens_t, vocab_size)
     masks_t = [torch.tensor(m, dtype=torch.float32) for m in masks]
     logp_t = None if lp_lists[0] is None else [torch.tensor(lp, dtype=torch.float32) for lp in lp_lists]
+    if logp_t is not None:
+        check_log_probs_finite(ordered, logp_t)
     # Vision tensors travel only when some sample has images; text-only batches keep the field None.
     with_mm = any(s.multimodal_train_inputs is not None for s in ordered)
     teacher_t = _teacher_log_probs(cfg, ordered)
