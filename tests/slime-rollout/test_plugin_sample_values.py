@@ -106,3 +106,18 @@ async def test_values_the_original_trains_on_still_pass(use_client, fn):
         # metadata None is read as the empty dict the original's readers take it for (was: "argument of type
         # 'NoneType' is not iterable" in the rollout metrics, naming nothing).
         assert isinstance(s.metadata, dict)
+
+
+@pytest.mark.parametrize("fn", ["nan_log_prob", "negative_token", "tokens_as_text"])
+async def test_an_eval_sample_s_tokens_and_log_probs_are_not_checked(fn):
+    # Nothing reads them in an eval (the original runs such an eval); its response_length still must be an int.
+    from slime_core.sample import Sample
+    from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm
+
+    args = _args(custom_generate_function_path=f"{__name__}.{fn}")
+    state = RolloutState.create(args, rollout_id=0, evaluation=True)
+    out = await generate_and_rm(args, Sample(prompt="p", tokens=[A], index=0, group_index=0), state)
+    assert out.response_length == 3 and out.reward is not None
+    args.custom_generate_function_path = f"{__name__}.response_length_unset"
+    with pytest.raises(TypeError, match=r"sample 1: response_length is NoneType None, not an int$"):
+        await generate_and_rm(args, Sample(prompt="p", tokens=[A], index=1, group_index=0), state)

@@ -31,13 +31,15 @@ def _as_list(value: Any, field: str, what: str, expected: str) -> list[Any]:
     return list(value)
 
 
-def check_plugin_sample_values(sample: Sample) -> None:
+def check_plugin_sample_values(sample: Sample, *, trained: bool = True) -> None:
     """Checks the values a plugin set on `sample` that the trainer reads (lengths are `Sample.validate`'s).
 
     A `metadata` set to None becomes `{}`, as the original's readers take it (`sample.metadata and ...`).
 
     Args:
         sample: the sample a plugin returned.
+        trained: False for an eval sample: its tokens and log-probs are read by nothing, so only `response_length`
+            (eval metrics) and `metadata` are checked, as the original runs such an eval.
 
     Raises:
         TypeError: `response_length` is not an int; `tokens` (or `rollout_log_probs`) is not a list, tuple, tensor
@@ -51,6 +53,8 @@ def check_plugin_sample_values(sample: Sample) -> None:
     length = sample.response_length
     if isinstance(length, bool) or not isinstance(length, numbers.Integral):
         raise TypeError(f"{what}: response_length is {type(length).__name__} {preview(length)}, not an int")
+    if not trained:
+        return
     tokens = _as_list(sample.tokens, "tokens", what, "a list of token ids")
     # Fast path (one pass in C) for the common case; the element loop finds the first bad one.
     if not (all(type(t) is int for t in tokens) and (not tokens or min(tokens) >= 0)):
