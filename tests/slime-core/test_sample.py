@@ -78,6 +78,27 @@ def test_trainable_span_without_logprobs_raises_and_leaves_the_sample_unchanged(
     assert s.response_length == 1
 
 
+def test_an_empty_model_span_with_its_log_probs_list_starts_rollout_log_probs_as_the_original():
+    # The original's multi_agent example appends an aborted reply as tokens=[], log_probs=[] and then asserts
+    # len(sample.rollout_log_probs) == response_length: the original's append starts the list for any log_probs it is
+    # given. Here it stayed None, the assert raised a TypeError the example catches, and the ABORTED sample was lost
+    # from the fan-out (its siblings trained, where the original drops or re-queues the whole fan-out).
+    s = _sample()
+    s.append_response_tokens(None, tokens=[], log_probs=[], meta_info={"finish_reason": {"type": "abort"}})
+    assert s.rollout_log_probs == [] and s.response_length == 0 and s.status is Status.ABORTED
+    masked_first = _sample()
+    masked_first.append_response_tokens([7, 8], trainable=False)
+    masked_first.append_response_tokens(None, tokens=[], log_probs=[])
+    assert masked_first.rollout_log_probs == [0.0, 0.0]
+    # Without log-probs an empty span still starts nothing; nor does one after trainable tokens that have none.
+    bare = _sample()
+    bare.append_response_tokens([], trainable=True)
+    assert bare.rollout_log_probs is None
+    direct = Sample(tokens=[1, 2, 9], response_length=1, index=8)
+    direct.append_response_tokens([], log_probs=[])
+    assert direct.rollout_log_probs is None and direct.loss_mask == [1]
+
+
 def test_logprobs_after_direct_trainable_response_raise():
     # A response set directly (no mask: all trainable, no log-probs) cannot later gain log-probs for only part.
     s = Sample(tokens=[1, 2, 3, 9, 9], response_length=2, index=5)

@@ -336,6 +336,20 @@ def test_remove_sample_raw_reward_override_and_metadata():
     assert b.step_token_counts == [float(sum(by_index[i].response_length for i in (0, 1, 3)))]
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_rollout_log_prob_that_is_not_finite_is_one_error_naming_the_sample(bad):
+    # A custom --rollout-function-path or a replayed dump (--load-debug-rollout-data) builds samples past the generate
+    # functions' checks: a NaN (even on a masked token: 0 * nan is nan) reached the TIS weights and
+    # train/train_rollout_logprob_abs_diff of the whole step with no word.
+    samples = _rollout(num_prompts=1, n=4)
+    (sample,) = [s for s in samples if s.index == 2]
+    sample.tokens, sample.response_length = [102] * 3 + [7, 8, 9], 3
+    sample.loss_mask, sample.rollout_log_probs = [1, 0, 1], [-0.5, bad, -0.5]
+    want = rf"^sample 2: rollout_log_probs\[1\] is {bad}, not a finite log-prob \(1 of 3"
+    with pytest.raises(ValueError, match=want):
+        build_rollout_batches(_args(global_batch_size=4), samples, dp_size=1)
+
+
 def test_rollout_siblings_share_denominator_and_step():
     # Two rollouts that each fanned out into two samples; gbs counts rollouts.
     samples = []

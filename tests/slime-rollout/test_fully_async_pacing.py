@@ -23,6 +23,7 @@ import pytest
 from slime_rollout_fakes import ListDataSource
 from slime_rollout_fakes import rollout_args as _args
 
+from slime_core.sample import Status
 from slime_rollout.generation import fully_async_producer
 from slime_rollout.generation.fully_async_producer import FullyAsyncProducer
 
@@ -472,6 +473,34 @@ async def test_a_filter_that_drops_every_group_ends_the_producer_as_the_sync_rol
             f"fully-async rollout: 10 groups in a row were dropped by --dynamic-sampling-filter-path {__name__}."
             "drop_every_group and none kept (filtered: 10): check the reward function and the filter; or raise "
             "--dynamic-sampling-max-empty-rounds (2 rounds of --over-sampling-batch-size 5 groups)"
+        )
+    finally:
+        await producer.stop()
+
+
+def always_aborted(args, sample, sampling_params):
+    """Test generate function: gives up on every sample (retool's 'no output_token_logprobs' path, or a broken tool)."""
+    sample.status = Status.ABORTED
+    return sample
+
+
+async def test_a_generate_function_that_aborts_every_group_ends_the_producer(use_client):
+    # An aborted group is restarted from its prompt: a generate function that always returns ABORTED had the producer
+    # restart the same groups forever while the take waited up to --rollout-timeout-secs (4 h), with no word (the sync
+    # rollout stops after --dynamic-sampling-max-empty-rounds rounds). A weight push aborts at most the groups in
+    # flight (--sglang-server-concurrency x engines), so those are not counted against the bound.
+    flags = dict(custom_generate_function_path=f"{__name__}.always_aborted", dynamic_sampling_max_empty_rounds=2,
+                 over_sampling_batch_size=5, sglang_server_concurrency=3)  # fmt: skip
+    producer = _producer(GateEngine(lambda p: True), use_client, **flags)
+    try:
+        with pytest.raises(RuntimeError) as raised:
+            await asyncio.wait_for(producer.take(0, BATCH, 1), WAIT_S)
+        cause = raised.value.__cause__ or raised.value
+        assert str(cause) == (
+            f"fully-async rollout: 13 groups in a row came back with ABORTED samples and none finished (from "
+            f"{__name__}.always_aborted, or the engines abort its requests); an aborted group is restarted, not "
+            "trained on: check the generate function; or raise --dynamic-sampling-max-empty-rounds (2 rounds of "
+            "--over-sampling-batch-size 5 groups, beyond the 3 groups in flight a weight push can abort)"
         )
     finally:
         await producer.stop()

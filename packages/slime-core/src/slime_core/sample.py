@@ -333,6 +333,11 @@ class Sample:
         if self.loss_mask is None:
             # Set directly without a mask (e.g. by a custom generate function): all of it is trainable.
             self.loss_mask = [1] * self.response_length
+        if self.rollout_log_probs is None and n == 0 and trainable and log_probs is not None:
+            # An empty model span given its (empty) log-prob list starts the list, as the original's append does: its
+            # multi_agent example appends an aborted reply so and then reads len(rollout_log_probs).
+            if not any(self.loss_mask):
+                self.rollout_log_probs = [0.0] * self.response_length
         if self.rollout_log_probs is None and trainable and n > 0:
             if any(self.loss_mask):
                 raise ValueError(

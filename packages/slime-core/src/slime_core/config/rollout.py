@@ -84,7 +84,8 @@ class RolloutArgs(ArgsGroup):
         20,
         "Stop the run when this many over-sampling rounds in a row add no group to the batch (every group "
         "dropped by the dynamic-sampling filter or aborted); the fully-async rollout stops when the filter drops "
-        "this many × --over-sampling-batch-size groups in a row.",
+        "this many × --over-sampling-batch-size groups in a row, or that many plus the groups in flight come back "
+        "aborted in a row between two takes.",
         ge=1,
     )
     partial_rollout: bool = arg(False, "Return aborted partially generated groups to the buffer for the next rollout.")

@@ -17,16 +17,18 @@ from typing import Any
 
 from slime_core.error_text import preview
 
-__all__ = ["parse_generate_reply"]
+__all__ = ["checked_log_prob", "checked_token_id", "parse_generate_reply"]
 
 
-def _token_id(value: Any, at: str) -> int:
+def checked_token_id(value: Any, at: str) -> int:
+    """`value` as a token id; a ValueError saying `{at}: token id ... is not a non-negative integer` otherwise."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer() or value < 0:
         raise ValueError(f"{at}: token id {preview(value)} is not a non-negative integer")
     return int(value)
 
 
-def _log_prob(value: Any, at: str) -> float:
+def checked_log_prob(value: Any, at: str) -> float:
+    """`value` as a log-prob; a ValueError saying `{at}: log-prob ... is not a finite number` otherwise."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
         raise ValueError(f"{at}: log-prob {preview(value)} is not a finite number")
     return float(value)
@@ -63,8 +65,8 @@ def parse_generate_reply(reply: Any, *, what: str) -> tuple[list[int], list[floa
         at = f"{what}: engine reply meta_info.output_token_logprobs[{i}]"
         if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) < 2:
             raise ValueError(f"{at} is {preview(entry)}, not [logprob, token_id, ...]")
-        log_probs.append(_log_prob(entry[0], at))
-        tokens.append(_token_id(entry[1], at))
+        log_probs.append(checked_log_prob(entry[0], at))
+        tokens.append(checked_token_id(entry[1], at))
     output_ids = reply.get("output_ids")
     if output_ids is not None and list(output_ids) != tokens:
         raise ValueError(f"{what}: engine reply output_ids {list(output_ids)[:8]}... disagree with the "

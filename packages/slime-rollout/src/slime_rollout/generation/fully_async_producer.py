@@ -103,6 +103,7 @@ class FullyAsyncProducer:
         # --over-sampling-batch-size groups, here in a row, each dropped by the filter (`_count_drop`).
         self._max_dropped = args.dynamic_sampling_max_empty_rounds * args.over_sampling_batch_size
         self._dropped_in_a_row = 0
+        self._aborted_in_a_row = 0  # groups restarted in a row (`_count_abort`)
         self._order = itertools.count()
         self._restored = collections.deque(self._hold(g) for g in restored)
         self._recycled: collections.deque[_Held] = collections.deque()
@@ -218,8 +219,10 @@ class FullyAsyncProducer:
         if len(held.group) != n:
             raise ValueError(f"fully-async rollout: group of {len(held.group)} samples, expected {n}")
         if any(s.status is Status.ABORTED for s in flatten_groups([held.group])):
+            self._count_abort()
             self._recycle(held)
             return
+        self._aborted_in_a_row = 0
         if self._filter is not None:
             # Held while the filter runs (a worker thread): a take or a checkpoint in the meantime still sees it.
             self._judged.append(held)
@@ -261,6 +264,30 @@ class FullyAsyncProducer:
             "check the reward function and the filter; or raise --dynamic-sampling-max-empty-rounds "
             f"({self.args.dynamic_sampling_max_empty_rounds} rounds of --over-sampling-batch-size "
             f"{self.args.over_sampling_batch_size} groups)"
+        )
+
+    def _count_abort(self) -> None:
+        """Counts a group that came back ABORTED; too many in a row, none finishing, end the producer.
+
+        A generate function that gives up on every sample (returns it ABORTED) had its groups restarted forever while
+        the take waited up to --rollout-timeout-secs with no word. The count starts again at each take (one weight
+        push at most in between, aborting at most the groups in flight, `capacity`), so the bound is that many beyond
+        the filter's (`_max_dropped`).
+
+        Raises:
+            RuntimeError: `_max_dropped + capacity` groups in a row aborted (names the generate function and the flag).
+        """
+        self._aborted_in_a_row += 1
+        if self._aborted_in_a_row < self._max_dropped + self.capacity:
+            return
+        source = self.args.custom_generate_function_path or "the default generate function"
+        raise RuntimeError(
+            f"fully-async rollout: {self._aborted_in_a_row} groups in a row came back with ABORTED samples and none "
+            f"finished (from {source}, or the engines abort its requests); an aborted group is restarted, not "
+            "trained on: check the generate function; or raise --dynamic-sampling-max-empty-rounds "
+            f"({self.args.dynamic_sampling_max_empty_rounds} rounds of --over-sampling-batch-size "
+            f"{self.args.over_sampling_batch_size} groups, beyond the {self.capacity} groups in flight a weight push "
+            "can abort)"
         )
 
     def _recycle(self, held: _Held) -> None:
@@ -325,6 +352,7 @@ class FullyAsyncProducer:
         # Before the need is set: the producer draws for this take by the version read.
         self.engine_version = min(rollout_id, await self._read_engine_version())
         self.version = self.state.rollout_id = rollout_id
+        self._aborted_in_a_row = 0  # a take follows at most one weight push, which aborts at most `capacity` groups
         self._need = target
         self._taken.set()  # the producer may draw for this take now (`outstanding_limit`)
         try:

@@ -21,6 +21,7 @@ from slime_core.sample import Sample, Status, as_status
 from slime_rollout.generation.generate import build_sampling_params, mask_offpolicy_prefix
 from slime_rollout.generation.generate import generate as default_generate
 from slime_rollout.generation.opd import score_teacher
+from slime_rollout.generation.plugin_values import check_plugin_sample_values
 from slime_rollout.generation.seeds import sample_seed
 from slime_rollout.plugins import accepts_kwarg, declares_parameter, load_function
 from slime_rollout.rewards import async_rm, batched_async_rm
@@ -105,7 +106,7 @@ def _reward_bounds(args: SlimeArgs) -> dict[str, float]:
     return {"deadline_s": args.rm_timeout_secs, "warn_every_s": args.slow_call_warning_secs}
 
 
-def _checked_output(out: Any, what: str, *, fan_out: bool) -> Any:
+def _checked_output(out: Any, what: str, *, fan_out: bool, trained: bool = True) -> Any:
     """`out` if a `Sample` (or, with `fan_out`, a non-empty list of distinct ones); else one error naming `what`.
 
     A string status a plugin assigned ("completed", as the original's tau-bench example writes) becomes its `Status`.
@@ -122,13 +123,13 @@ def _checked_output(out: Any, what: str, *, fan_out: bool) -> Any:
             raise ValueError(f"{what} returned the same Sample object more than once in its list (copy it per entry)")
         for s in out:
             s.status = as_status(s.status, f"{what}: sample {s.index}")
-            _validated(s, what)
+            _validated(s, what, trained=trained)
         return out
     if isinstance(out, Sample):
         # `sample.status = "aborted"` (a string, as the original's tau-bench example writes) compared unequal to
         # every Status: the loop took an aborted sample for a finished one.
         out.status = as_status(out.status, f"{what}: sample {out.index}")
-        return _validated(out, what)
+        return _validated(out, what, trained=trained)
     if fan_out and out == []:
         # The rollout sorted groups by their first sample: an empty fan-out failed as a bare IndexError.
         raise ValueError(
@@ -139,12 +140,18 @@ def _checked_output(out: Any, what: str, *, fan_out: bool) -> Any:
     raise TypeError(f"{what} returned {type(out).__name__} {preview(out)}, not {wanted}")
 
 
-def _validated(sample: Sample, what: str) -> Sample:
-    """`sample` if its lengths agree (`Sample.validate`), else one error naming the plugin `what` and the sample.
+def _validated(sample: Sample, what: str, *, trained: bool = True) -> Sample:
+    """`sample` if its values and lengths are sound, else one error naming the plugin `what` and the sample.
 
     A plugin that set `loss_mask`, `rollout_log_probs` or `response_length` itself out of step with the rest failed
-    later, in the rollout's metrics or the trainer's batches, naming the sample but not the plugin that built it.
+    later, in the rollout's metrics or the trainer's batches, naming the sample but not the plugin that built it; a
+    NaN log-prob or a negative token id was trained on (`plugin_values.check_plugin_sample_values`; an eval sample's
+    tokens and log-probs, which nothing reads, are not checked: `trained` False).
     """
+    try:
+        check_plugin_sample_values(sample, trained=trained)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{what} returned a sample whose values are wrong: {e}") from None
     try:
         sample.validate()
     except ValueError as e:
@@ -196,7 +203,7 @@ async def _run_hooks(args: SlimeArgs, sample: Sample, state: RolloutState) -> Sa
         kwargs = {name: value for name, value in offered.items() if accepts_kwarg(hook, name)}
         out = await call_plugin_with_deadline(hook, args, sample, what=what, **plugin_bounds(args), **kwargs)
         # A hook may change the sample in place and return None: its lengths are checked either way.
-        sample = _checked_output(sample if out is None else out, what, fan_out=False)
+        sample = _checked_output(sample if out is None else out, what, fan_out=False, trained=not state.evaluation)
     return sample
 
 
@@ -239,7 +246,7 @@ async def generate_and_rm(
                 what = f"generate function {_name(fn)} on sample {sample.index}"
                 result = await call_plugin_with_deadline(fn, args, sample, params, what=what, **plugin_bounds(args),
                                                          **kwargs)  # fmt: skip
-                result = _checked_output(result, what, fan_out=True)
+                result = _checked_output(result, what, fan_out=True, trained=not state.evaluation)
     if isinstance(result, list):
         result = [await _run_hooks(args, s, state) for s in result]
     else:

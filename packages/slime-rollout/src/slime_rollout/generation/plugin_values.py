@@ -1,0 +1,69 @@
+"""The values of a sample a plugin built (a custom generate function, a sample hook), checked where it is handed over.
+
+The default generate reads every engine reply through `engine_reply.parse_generate_reply`, which refuses a NaN
+log-prob or a negative token id. A custom generate function (every agent example of the original: search-r1, retool,
+multi_agent, tau-bench) sets `tokens`, `rollout_log_probs` and `response_length` itself, and those reached the trainer
+unchecked: a NaN or infinite log-prob poisons the importance weights of a whole step (even on a masked token:
+`0 * nan` is nan), a negative id indexes the embedding from its end on CPU and is a device-side assert on a GPU, and
+text tokens or an unset `response_length` failed later as bare TypeErrors naming neither the plugin nor the sample.
+Tensors and numpy arrays stay accepted, as the original's trainer takes them.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+from slime_core.error_text import preview
+from slime_core.sample import Sample
+from slime_rollout.generation.engine_reply import checked_log_prob, checked_token_id
+
+__all__ = ["check_plugin_sample_values"]
+
+
+def _as_list(value: Any, field: str, what: str, expected: str) -> list[Any]:
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):  # a tensor or a numpy array
+        value = value.tolist()
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(f"{what}: {field} is {type(value).__name__} {preview(value)}, not {expected}")
+    return list(value)
+
+
+def check_plugin_sample_values(sample: Sample, *, trained: bool = True) -> None:
+    """Checks the values a plugin set on `sample` that the trainer reads (lengths are `Sample.validate`'s).
+
+    A `metadata` set to None becomes `{}`, as the original's readers take it (`sample.metadata and ...`).
+
+    Args:
+        sample: the sample a plugin returned.
+        trained: False for an eval sample: its tokens and log-probs are read by nothing, so only `response_length`
+            (eval metrics) and `metadata` are checked, as the original runs such an eval.
+
+    Raises:
+        TypeError: `response_length` is not an int; `tokens` (or `rollout_log_probs`) is not a list, tuple, tensor
+            or array.
+        ValueError: a token id that is not a non-negative integer (`tokens[i]`), a log-prob that is not a finite
+            number (`rollout_log_probs[i]`, masked positions included).
+    """
+    what = f"sample {sample.index}"
+    if sample.metadata is None:
+        sample.metadata = {}
+    length = sample.response_length
+    if isinstance(length, bool) or not isinstance(length, numbers.Integral):
+        raise TypeError(f"{what}: response_length is {type(length).__name__} {preview(length)}, not an int")
+    if not trained:
+        return
+    tokens = _as_list(sample.tokens, "tokens", what, "a list of token ids")
+    # Fast path (one pass in C) for the common case; the element loop finds the first bad one.
+    if not (all(type(t) is int for t in tokens) and (not tokens or min(tokens) >= 0)):
+        for i, t in enumerate(tokens):
+            checked_token_id(t, f"{what}: tokens[{i}]")
+    if sample.rollout_log_probs is None:
+        return
+    log_probs = _as_list(sample.rollout_log_probs, "rollout_log_probs", what, "a list of log-probs")
+    # A finite sum of floats means every term is finite (nan and inf propagate); an overflowing sum rechecks each.
+    if not (all(type(v) is float for v in log_probs) and math.isfinite(sum(log_probs))):
+        for i, v in enumerate(log_probs):
+            checked_log_prob(v, f"{what}: rollout_log_probs[{i}]")
