@@ -192,3 +192,27 @@ def test_separate_sglang_engines_without_rollout_num_gpus_get_gpus_of_their_own(
     assert (placement.actor_bundles, placement.rollout_bundles, placement.rollout_gpu_ids) == ([0, 1], [2, 3], [2, 3])
     (site,) = engine_sites(cfg, placement.rollout_bundles, placement.rollout_gpu_ids)
     assert (site.bundle, site.base_gpu_id) == (2, 2)
+
+
+def test_cpu_bundles_are_located_from_the_group_table_without_a_task(monkeypatch):
+    # A task per bundle started one Ray worker each (~2.5 CPU-s on the 2-core CI machine) that sat idle for the whole
+    # run: a worker that ran a task never hosts an actor. Without GPUs the group's table says where each bundle is.
+    group = types.SimpleNamespace(ready=lambda: "ready-ref")
+
+    def no_task(**_):
+        pytest.fail("no task may run in a CPU bundle")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(cluster, "has_gpu", lambda: False)
+    monkeypatch.setattr(cluster, "placement_group", lambda specs, strategy: group)
+    monkeypatch.setattr(cluster, "_bundle_info", types.SimpleNamespace(options=no_task))
+    monkeypatch.setattr(cluster.ray, "wait", lambda refs, timeout=None: (refs, []))
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 8})
+    tables = {id(group): {"bundles_to_node_id": {0: "node-b", 1: "node-b", 2: "node-a"}}}
+    monkeypatch.setattr(cluster, "placement_group_table", lambda g: tables[id(g)])
+    nodes = [{"NodeID": f"node-{n}", "NodeManagerAddress": f"10.0.0.{i}"} for i, n in ((1, "a"), (2, "b"))]
+    monkeypatch.setattr(cluster.ray, "nodes", lambda: nodes)
+    placement = cluster.create_placement(_cfg(rollout_num_gpus=2))
+    # Sorted by node address, as the task's answers were: the trainer on 10.0.0.1's bundle, the engines on the other's.
+    assert (placement.actor_bundles, placement.rollout_bundles, placement.rollout_gpu_ids) == ([2], [0, 1], [])
+    assert placement.bundle_nodes == ["node-b", "node-b", "node-a"]

@@ -35,6 +35,52 @@ def test_checksum_equals_sglangs_kernel(make, want):
     assert tensor_checksum(torch.empty(0)) == "0000000000000000"
 
 
+def _numpy_checksum(data: bytes) -> str:
+    """The module docstring's function written again in numpy uint32 (wrapping arithmetic), one pass per step."""
+    import numpy as np
+
+    v = np.frombuffer(data + bytes(-len(data) % 4), dtype="<u4")
+    n = v.size
+    i = np.arange(n, dtype=np.uint64).astype(np.uint32)
+
+    def fmix(x):
+        x = x ^ (x >> np.uint32(16))
+        x = x * np.uint32(0x85EBCA6B)
+        x = x ^ (x >> np.uint32(13))
+        x = x * np.uint32(0xC2B2AE35)
+        return x ^ (x >> np.uint32(16))
+
+    def rotl(x, r):
+        return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+    s1 = np.uint32(0x243F6A88)
+    s2 = np.uint32(((0x243F6A88 * 0x9E3779B1) ^ 0xDEADBEEF) & 0xFFFFFFFF)
+    k1 = fmix(v ^ ((i * np.uint32(0x27D4EB2D) + s1) ^ rotl(i, 15)))
+    k2 = fmix(v ^ ((i * np.uint32(0x165667B1) + s2) ^ rotl(i, 13)))
+
+    def tiles(k):  # fmix32(Σ k over each tile of 8192 words, mod 2^32, ^ the byte count)
+        sums = [int(k[t : t + 8192].astype(np.uint64).sum()) & 0xFFFFFFFF for t in range(0, n, 8192)]
+        return fmix(np.array(sums, dtype=np.uint32) ^ np.uint32(4 * n & 0xFFFFFFFF))
+
+    total = sum((int(h1) << 32) + int(h2) for h1, h2 in zip(tiles(k1), tiles(k2), strict=True))
+    x = total & (2**64 - 1)
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & (2**64 - 1)
+    return f"{x ^ (x >> 31):016x}"
+
+
+def test_checksum_over_several_passes_and_a_view_off_word_boundaries():
+    # 2 passes of 2M words and a partial tile: the per-pass positions, the tile sums of the last, partial tile and the
+    # zero-padded last word; then a bf16 view that starts 2 bytes into its storage (no aligned int32 view of it).
+    g = torch.Generator().manual_seed(0)
+    whole = torch.randn(2 * 8192 * 256 + 5001, generator=g).to(torch.bfloat16)
+    for t in (whole, whole[1:], torch.arange(11, dtype=torch.uint8)):
+        assert tensor_checksum(t) == _numpy_checksum(t.contiguous().view(torch.uint8).numpy().tobytes())
+    assert _numpy_checksum(torch.ones(7, dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes()) == KNOWN[3][1]
+
+
 def test_checksum_sees_one_flipped_bit():
     t = torch.linspace(-3, 3, 20000).to(torch.bfloat16)
     u = t.clone()

@@ -37,7 +37,12 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 import ray  # noqa: E402
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group  # noqa: E402
+from ray.util.placement_group import (  # noqa: E402
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
 from slime_app import interrupts  # noqa: E402
@@ -150,6 +155,36 @@ def _bundle_info() -> tuple[str, str, int]:
     return ray.util.get_node_ip_address(), node_id, int(gpu_ids[0]) if gpu_ids else -1
 
 
+def bundle_sites(group: PlacementGroup, num_bundles: int, use_gpu: bool) -> list[tuple[str, str, int]]:
+    """Where each bundle of a placed group is: `(node IP, Ray node id, GPU id)`, by bundle index.
+
+    The GPU id Ray gave a bundle is known only inside it, so with GPUs a task runs in each bundle. Without (GPU id
+    -1), the group's table and the node list say the rest: a task would start a Ray worker process per bundle (~2.5
+    CPU-s each on the 2-core CI machine) that then sat idle for the whole run, since a worker that ran a task never
+    hosts an actor.
+
+    Args:
+        group: a placement group that is ready.
+        num_bundles: its bundle count.
+        use_gpu: whether its bundles hold GPUs.
+    """
+    if use_gpu:
+        return ray.get(
+            [
+                _bundle_info.options(
+                    num_gpus=0.01,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=group, placement_group_bundle_index=i
+                    ),
+                ).remote()
+                for i in range(num_bundles)
+            ]
+        )
+    node_of = placement_group_table(group)["bundles_to_node_id"]
+    ip_of = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    return [(ip_of[node_of[i]], node_of[i], -1) for i in range(num_bundles)]
+
+
 def _sort_key(info: tuple[str, str, int]) -> tuple:
     ip, node_id, gpu = info
     try:
@@ -216,17 +251,7 @@ def create_placement(cfg: SlimeArgs) -> Placement:
         check_capacity(num_bundles, kind, totals.get(kind, 0), need, local=local, gpu_machine=use_gpu)
     group = placement_group([dict(bundle) for _ in range(num_bundles)], strategy="PACK")
     wait_for_group(group, num_bundles, resource, need)
-    infos = ray.get(
-        [
-            _bundle_info.options(
-                num_gpus=0.01 if use_gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=i
-                ),
-            ).remote()
-            for i in range(num_bundles)
-        ]
-    )
+    infos = bundle_sites(group, num_bundles, use_gpu)
     order = sorted(range(num_bundles), key=lambda i: _sort_key(infos[i]))
     rollout = order[rollout_offset : rollout_offset + rollout_gpus]
     actor = order[:actor_count]
