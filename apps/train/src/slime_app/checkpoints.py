@@ -267,7 +267,7 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
     try:
         state = torch.load(saved, weights_only=False)
     except Exception as e:  # noqa: BLE001 - a truncated file: torch raises RuntimeError/EOFError/UnpicklingError
-        # It escaped the CLI's one-line errors as torch's traceback ("PytorchStreamReader failed ...").
+        # torch's own error ("PytorchStreamReader failed ...") would end the CLI in a traceback, not one line.
         raise ValueError(
             f"--load {root}: {step_dir.name}/{saved.name} cannot be read ({type(e).__name__}: {first_sentence(e)}); "
             f"it was damaged after it was written (a partial copy, a crash before it reached the disk); "
