@@ -10,7 +10,8 @@ import sys
 import pytest
 from safetensors.torch import save_file
 
-from slime_app.checkpoints import check_checkpoints, checkpoint_kind
+from slime_app.checkpoint_kinds import checkpoint_kind
+from slime_app.checkpoints import check_checkpoints
 from slime_app.cli import main
 from slime_app.preflight import preflight
 from slime_app.resolve import resolve_config

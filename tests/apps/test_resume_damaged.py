@@ -103,41 +103,8 @@ def test_ckpt_step_of_an_incomplete_or_missing_iteration_is_refused(save, step):
     )
 
 
-def test_a_rank_refusing_its_checkpoint_stops_the_start_in_one_line(save, monkeypatch):
-    message = f"--load {save}: iter_0000002 cannot be read (EOFError); it was damaged after it was written"
-
-    class Trainer:
-        def preload(self, cfg):
-            pass
-
-        def start_compile_warm_up(self, cfg, gated=False):
-            pass
-
-        def release_compile_warm_up(self):
-            pass
-
-        def init(self, cfg):  # what the driver gets from rank 0: Ray's task error around the rank's ValueError
-            raise ray.exceptions.RayTaskError(
-                "TrainActor.init", "Traceback ...", ValueError(message)
-            ).as_instanceof_cause()
-
-    manager = types.SimpleNamespace(start=types.SimpleNamespace(remote=lambda: []))
-    monkeypatch.setattr(loop, "RolloutManager", types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(
-        remote=lambda cfg, placement: manager)))  # fmt: skip
-    monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: Trainer())
-    monkeypatch.setattr(loop.ray, "get", lambda ref: ref)
-    run = loop.Run.__new__(loop.Run)  # the parts build() reads; no Ray, engines or ranks
-    run.cfg, run.placement, run.trainer = _cfg(save), None, None
-    with pytest.raises(StartRefused) as e:  # was: the rank's traceback, exit 1
-        run.build()
-    assert str(e.value) == message
-
-
-def test_a_damaged_data_cursor_stops_the_start_in_one_line(save, monkeypatch):
-    # Issue 27 (pass 55): a truncated `rollout/data_source_1.json` beside a complete iter_0000002 ended the run in the
-    # driver's traceback (exit 1) around the rollout manager's ValueError, after the engines and the trainer started.
-    cursor = save / "rollout" / "data_source_1.json"
-    message = f"{cursor}: bad data-source cursor (Unterminated string starting at: line 1 column 4549 (char 4548))"
+def _build(monkeypatch, cfg, *, init, load=None):
+    """`Run.build()` with stub trainer ranks (`init`) and rollout manager (`load`): no Ray, engines or ranks."""
 
     class Trainer:
         def preload(self, cfg):
@@ -150,15 +117,7 @@ def test_a_damaged_data_cursor_stops_the_start_in_one_line(save, monkeypatch):
             pass
 
         def init(self, cfg):
-            return 2  # resumed iter_0000002: the cursor of rollout 1 is read next
-
-    loaded = []
-
-    def load(rollout_id):  # what the driver gets from the manager: Ray's task error around the data source's
-        loaded.append(rollout_id)
-        raise ray.exceptions.RayTaskError(
-            "RolloutManager.load", "Traceback ...", ValueError(message)
-        ).as_instanceof_cause()
+            return init(cfg)
 
     manager = types.SimpleNamespace(start=types.SimpleNamespace(remote=lambda: []),
                                     load=types.SimpleNamespace(remote=load))  # fmt: skip
@@ -166,11 +125,41 @@ def test_a_damaged_data_cursor_stops_the_start_in_one_line(save, monkeypatch):
         remote=lambda cfg, placement: manager)))  # fmt: skip
     monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: Trainer())
     monkeypatch.setattr(loop.ray, "get", lambda ref: ref)
-    run = loop.Run.__new__(loop.Run)  # the parts build() reads; no Ray, engines or ranks
-    run.cfg, run.placement, run.trainer = _cfg(save, "--num-rollout", "4"), None, None
+    run = loop.Run.__new__(loop.Run)  # the parts build() reads
+    run.cfg, run.placement, run.trainer = cfg, None, None
     run.tracker = types.SimpleNamespace(begin_at=lambda start: None)
-    with pytest.raises(StartRefused) as e:
-        run.build()
+    run.build()
+
+
+def _ray_task_error(task, message):
+    """What the driver gets from an actor whose method raised `ValueError(message)`."""
+    return ray.exceptions.RayTaskError(task, "Traceback ...", ValueError(message)).as_instanceof_cause()
+
+
+def test_a_rank_refusing_its_checkpoint_stops_the_start_in_one_line(save, monkeypatch):
+    message = f"--load {save}: iter_0000002 cannot be read (EOFError); it was damaged after it was written"
+
+    def init(cfg):  # rank 0 raises a ValueError
+        raise _ray_task_error("TrainActor.init", message)
+
+    with pytest.raises(StartRefused) as e:  # was: the rank's traceback, exit 1
+        _build(monkeypatch, _cfg(save), init=init)
+    assert str(e.value) == message
+
+
+def test_a_damaged_data_cursor_stops_the_start_in_one_line(save, monkeypatch):
+    # Issue 27 (pass 55): a truncated `rollout/data_source_1.json` beside a complete iter_0000002 ended the run in the
+    # driver's traceback (exit 1) around the rollout manager's ValueError, after the engines and the trainer started.
+    cursor = save / "rollout" / "data_source_1.json"
+    message = f"{cursor}: bad data-source cursor (Unterminated string starting at: line 1 column 4549 (char 4548))"
+    loaded = []
+
+    def load(rollout_id):  # the data source's ValueError
+        loaded.append(rollout_id)
+        raise _ray_task_error("RolloutManager.load", message)
+
+    with pytest.raises(StartRefused) as e:  # resumed iter_0000002: the cursor of rollout 1 is read next
+        _build(monkeypatch, _cfg(save, "--num-rollout", "4"), init=lambda cfg: 2, load=load)
     assert loaded == [1]
     assert str(e.value) == message
 

@@ -46,7 +46,8 @@ def test_the_lock_names_save_and_goes_with_its_holder(tmp_path, release):
 def test_a_save_folder_holding_only_the_lock_resumes_as_an_empty_one(tmp_path, release):
     # A run that stopped before its first save leaves the lock file in --save: the relaunch with --load on the same
     # folder (the usual --save X --load X) must start afresh, not refuse "an unknown checkpoint".
-    from slime_app.checkpoints import check_checkpoints, checkpoint_kind
+    from slime_app.checkpoint_kinds import checkpoint_kind
+    from slime_app.checkpoints import check_checkpoints
 
     argv = [*default_demo_argv(tmp_path / "run"), "--save", str(tmp_path / "ckpt"), "--load", str(tmp_path / "ckpt")]
     lock_run_folders(parse_args(argv))

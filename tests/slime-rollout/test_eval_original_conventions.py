@@ -68,6 +68,15 @@ def test_a_built_in_eval_function_keeps_its_own_metrics(use_client, tmp_path, pa
                            "eval/toy/repetition_frac": 0.0, "eval/toy/truncated_ratio": 0.0}  # fmt: skip
 
 
+@pytest.fixture
+def one_prompt(use_client, tmp_path):
+    """`eval.jsonl` holding one prompt "a" labelled "A"; the engine is a fake (the generate plugins answer)."""
+    use_client(FakeClient({}))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "a", "label": "A"}\n')
+    return data
+
+
 async def answer_a(args, sample, sampling_params, evaluation=False):
     sample.metadata["params"] = dict(sampling_params)
     sample.append_response_tokens([A], log_probs=[-0.1], text="A")
@@ -75,13 +84,11 @@ async def answer_a(args, sample, sampling_params, evaluation=False):
     return sample
 
 
-async def test_an_original_eval_config_mapping_with_its_engine_keys_and_metadata_overrides(use_client, tmp_path):
+async def test_an_original_eval_config_mapping_with_its_engine_keys_and_metadata_overrides(one_prompt, tmp_path):
     # The original's EvalDatasetConfig takes `datasets` as a mapping keyed by name, repetition_penalty,
     # skip_special_tokens, no_stop_trim and metadata_overrides; each was refused here ("expected a mapping, got str",
     # "unknown key(s)").
-    use_client(FakeClient({}))
-    data = tmp_path / "eval.jsonl"
-    data.write_text('{"prompt": "a", "label": "A"}\n')
+    data = one_prompt
     config = tmp_path / "eval.yaml"
     config.write_text(
         "eval:\n"
@@ -133,11 +140,9 @@ async def test_an_eval_config_rm_type_overrides_the_rows_metadata(use_client, tm
     assert out.metrics["eval/by_row"] == 0.0
 
 
-async def test_eval_temperature_zero_asks_the_engine_for_greedy_samples(use_client, tmp_path):
+async def test_eval_temperature_zero_asks_the_engine_for_greedy_samples(one_prompt):
     # --eval-temperature 0 (greedy eval, which the original takes as a bare float) was refused at validation.
-    use_client(FakeClient({}))
-    data = tmp_path / "eval.jsonl"
-    data.write_text('{"prompt": "a", "label": "A"}\n')
+    data = one_prompt
     args = _args(eval_prompt_data=["greedy", str(data)], eval_temperature=0.0, input_key="prompt",
                  custom_generate_function_path=f"{__name__}.answer_a")  # fmt: skip
     out = await eval_rollout_async(args, 0)
@@ -145,15 +150,13 @@ async def test_eval_temperature_zero_asks_the_engine_for_greedy_samples(use_clie
     assert out.metrics["eval/greedy"] == 1.0
 
 
-async def test_template_kwargs_holding_lists_or_dicts_are_read(use_client, tmp_path):
+async def test_template_kwargs_holding_lists_or_dicts_are_read(one_prompt):
     # The eval prompts are cached per (file, keys, template kwargs, ...); kwargs holding a list or a dict (a RAG
     # template's `documents`, a tools order) made that key unhashable: "TypeError: unhashable type: 'list'", naming
     # nothing. The original keys its cache by the kwargs' JSON.
     from pathlib import Path
 
-    use_client(FakeClient({}))
-    data = tmp_path / "eval.jsonl"
-    data.write_text('{"prompt": "a", "label": "A"}\n')
+    data = one_prompt
     kwargs = {"enable_thinking": False, "documents": [{"title": "t", "text": "x"}], "extra": {"k": [1, 2]}}
     args = _args(eval_prompt_data=["kw", str(data)], input_key="prompt", apply_chat_template=True,
                  apply_chat_template_kwargs=kwargs, custom_generate_function_path=f"{__name__}.answer_a")  # fmt: skip
@@ -258,13 +261,11 @@ def test_an_eval_config_dataset_with_images_needs_the_chat_template(tmp_path):
     assert dataset["multimodal_keys"] == {"image": "images"}  # the JSON text, parsed as the flag's is
 
 
-async def test_an_eval_config_response_length_needs_no_rollout_flag(use_client, tmp_path):
+async def test_an_eval_config_response_length_needs_no_rollout_flag(one_prompt, tmp_path):
     # The original resolves an eval dataset's max_response_len entry → eval.defaults → --eval-max-response-len →
     # --rollout-max-response-len; here the flags were required first, so an eval-only run (--num-rollout 0) whose
     # --eval-config gives the length failed with "--rollout-max-response-len is required (or --eval-max-response-len)".
-    use_client(FakeClient({}))
-    data = tmp_path / "eval.jsonl"
-    data.write_text('{"prompt": "a", "label": "A"}\n')
+    data = one_prompt
     config = tmp_path / "eval.yaml"
     config.write_text(
         "eval:\n"
@@ -293,13 +294,11 @@ def shaped_reward(args, sample):
     return 0.5
 
 
-async def test_eval_scores_are_the_rewards_not_the_training_curves_raw_reward(use_client, tmp_path):
+async def test_eval_scores_are_the_rewards_not_the_training_curves_raw_reward(one_prompt):
     # The original's eval reads `sample.reward` (its `--eval-reward-key` entry); `metadata["raw_reward"]` is what
     # its rollout/raw_reward shows for training samples. Here the eval took the metadata's, so eval/<name> showed
     # 1.0 where the original's shows 0.5.
-    use_client(FakeClient({}))
-    data = tmp_path / "eval.jsonl"
-    data.write_text('{"prompt": "a", "label": "A"}\n')
+    data = one_prompt
     args = _args(eval_prompt_data=["toy", str(data)], input_key="prompt", custom_rm_path=f"{__name__}.shaped_reward",
                  custom_generate_function_path=f"{__name__}.answer_a")  # fmt: skip
     out = await eval_rollout_async(args, 0)

@@ -454,6 +454,13 @@ async def test_a_recycled_group_is_resubmitted_while_the_ready_queue_is_full(use
         await producer.stop()
 
 
+async def _take_error(producer):
+    """The message of the RuntimeError the first take ends in (the producer's own, not the take's wrapper)."""
+    with pytest.raises(RuntimeError) as raised:
+        await asyncio.wait_for(producer.take(0, BATCH, 1), WAIT_S)
+    return str(raised.value.__cause__ or raised.value)
+
+
 def drop_every_group(args, samples):
     """Test dynamic-sampling filter: every group has the same reward (a broken reward function)."""
     return False
@@ -466,10 +473,7 @@ async def test_a_filter_that_drops_every_group_ends_the_producer_as_the_sync_rol
                  over_sampling_batch_size=5)  # fmt: skip
     producer = _producer(GateEngine(lambda p: True), use_client, **flags)
     try:
-        with pytest.raises(RuntimeError) as raised:
-            await asyncio.wait_for(producer.take(0, BATCH, 1), WAIT_S)
-        cause = raised.value.__cause__ or raised.value
-        assert str(cause) == (
+        assert await _take_error(producer) == (
             f"fully-async rollout: 10 groups in a row were dropped by --dynamic-sampling-filter-path {__name__}."
             "drop_every_group and none kept (filtered: 10): check the reward function and the filter; or raise "
             "--dynamic-sampling-max-empty-rounds (2 rounds of --over-sampling-batch-size 5 groups)"
@@ -493,10 +497,7 @@ async def test_a_generate_function_that_aborts_every_group_ends_the_producer(use
                  over_sampling_batch_size=5, sglang_server_concurrency=3)  # fmt: skip
     producer = _producer(GateEngine(lambda p: True), use_client, **flags)
     try:
-        with pytest.raises(RuntimeError) as raised:
-            await asyncio.wait_for(producer.take(0, BATCH, 1), WAIT_S)
-        cause = raised.value.__cause__ or raised.value
-        assert str(cause) == (
+        assert await _take_error(producer) == (
             f"fully-async rollout: 13 groups in a row came back with ABORTED samples and none finished (from "
             f"{__name__}.always_aborted, or the engines abort its requests); an aborted group is restarted, not "
             "trained on: check the generate function; or raise --dynamic-sampling-max-empty-rounds (2 rounds of "

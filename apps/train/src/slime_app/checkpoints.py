@@ -1,14 +1,7 @@
 """The checkpoints a run reads (`--load`, `--ref-load`, `--critic-load`): what each holds, checked before starting.
 
-Their architecture is compared with `--hf-checkpoint`'s (`slime_app.checkpoint_shapes`).
-
-Kinds, from the files alone (nothing is loaded):
-
-* `hf`: a Hugging Face model directory (`config.json` and weights);
-* `torch_dist`: a Megatron save dir (`latest_checkpointed_iteration.txt` naming an iteration whose directory holds
-  `.metadata`) or such an iteration directory (`iter_0000100/`, `release/`);
-* `fsdp`: this project's FSDP checkpoints (the tracker file and `iter_*/meta.json`);
-* `missing` / `empty` / `unknown`.
+Each one's kind is told from its files alone (`slime_app.checkpoint_kinds`); its architecture is compared with
+`--hf-checkpoint`'s (`slime_app.checkpoint_shapes`).
 
 The original's scripts give `--ref-load` as a torch_dist directory (converted from the HF checkpoint with
 `convert_hf_to_torch_dist.py`). The Megatron backend reads it as it is; the FSDP backend needs HF weights, so the
@@ -22,8 +15,9 @@ import logging
 import os
 import pathlib
 
+from slime_app.checkpoint_kinds import RECOGNIZED_KINDS, checkpoint_kind, iteration_dir, with_article
 from slime_app.fp8_rollout import serving_fp8
-from slime_app.run_lock import LOCK_NAME, unless_in_use
+from slime_app.run_lock import unless_in_use
 from slime_core.checkpoint_dirs import (
     TRACKER_FILE,
     complete_iterations,
@@ -31,7 +25,6 @@ from slime_core.checkpoint_dirs import (
     interrupted_saves,
     iteration_name,
     restore_interrupted_saves,
-    tracker_step,
 )
 from slime_core.config import SlimeArgs
 from slime_core.error_text import first_sentence
@@ -39,58 +32,7 @@ from slime_core.extensions import train_backend_spec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_checkpoints", "checkpoint_kind", "fsdp_reference_dir"]
-
-_WEIGHTS = (".safetensors", ".bin")
-
-
-def _iteration_dir(root: pathlib.Path) -> pathlib.Path | None:
-    """The iteration directory the tracker file of `root` names (`iter_<n>` or `release`), if it exists."""
-    step = tracker_step(root)
-    if step is not None:
-        path = root / iteration_name(step)
-    else:
-        # "release" (a converted model) is the one name a tracker holds besides an iteration number.
-        try:
-            text = (root / TRACKER_FILE).read_text(errors="replace").strip()
-        except OSError:
-            return None
-        if text != "release":
-            return None  # empty (a crash), damaged: `_tracker_problem` says which
-        path = root / text
-    return path if path.is_dir() else None
-
-
-def checkpoint_kind(path: str | os.PathLike[str]) -> str:
-    """`hf`, `torch_dist`, `fsdp`, `missing`, `empty` or `unknown` (see the module docstring)."""
-    root = pathlib.Path(path)
-    if not root.exists():
-        return "missing"
-    if not root.is_dir() or not any(p.name != LOCK_NAME for p in root.iterdir()):  # a run's lock is no checkpoint
-        return "empty" if root.is_dir() else "unknown"
-    if (root / "config.json").is_file() and any(p.suffix in _WEIGHTS for p in root.iterdir()):
-        return "hf"
-    if (root / ".metadata").is_file():
-        return "torch_dist"
-    iteration = _iteration_dir(root)
-    if iteration is not None:
-        if (iteration / ".metadata").is_file():
-            return "torch_dist"
-        if (iteration / "meta.json").is_file():
-            return "fsdp"
-    return "unknown"
-
-
-# The kinds `checkpoint_kind` tells apart (a backend's `checkpoint_format` outside them is left to the backend).
-_RECOGNIZED = frozenset({"hf", "torch_dist", "fsdp"})
-
-# Kinds read with "an": a vowel, or a letter name that starts with one (aitch-eff, eff-ess-dee-pee).
-_AN = frozenset({"hf", "fsdp", "unknown", "empty"})
-
-
-def _a(kind: str) -> str:
-    """`kind` with its article, as messages say it: "an unknown checkpoint", "a torch_dist checkpoint"."""
-    return f"{'an' if kind in _AN else 'a'} {kind} checkpoint"
+__all__ = ["check_checkpoints", "fsdp_reference_dir"]
 
 
 def _recovery_hint(root: pathlib.Path, *, exclude: str | None = None) -> str:
@@ -152,7 +94,7 @@ def _tracker_problem(root: pathlib.Path) -> str | None:
         if complete_iterations(root):
             return f"{TRACKER_FILE} is missing (a save cut before its tracker was written, or a partial copy)"
         return None
-    if _iteration_dir(root) is not None:
+    if iteration_dir(root) is not None:
         return None
     text = tracker.read_text(errors="replace").strip()
     said = "is empty" if not text else f"names {text!r}, which is not an iteration folder there"
@@ -175,7 +117,7 @@ def _warn_unread_load(cfg: SlimeArgs) -> None:
         "--load %s: --debug-rollout-only runs no trainer, so the weights of %s there are not loaded: the engines "
         "serve --hf-checkpoint %s, from rollout %d; to roll out the checkpoint's weights, export them (--save-hf, or "
         "slime-convert mcore-to-hf) and give that folder as --hf-checkpoint",
-        cfg.load, _a(kind), cfg.hf_checkpoint, cfg.start_rollout_id or 0,
+        cfg.load, with_article(kind), cfg.hf_checkpoint, cfg.start_rollout_id or 0,
     )  # fmt: skip
 
 
@@ -205,7 +147,7 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
     if kind == "hf" and _check_hf_load(cfg, notes):
         return
     wanted = train_backend_spec(cfg).checkpoint_format
-    if wanted not in _RECOGNIZED:  # another package's format: its backend checks the directory when it loads it
+    if wanted not in RECOGNIZED_KINDS:  # another package's format: its backend checks the directory when it loads it
         notes.append(
             f"--load {cfg.load}: --train-backend {cfg.train_backend} saves {wanted or 'its own'} checkpoints, which "
             "this check does not recognize; the backend reads it when it starts"
@@ -217,7 +159,7 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
             "hf": "give it as --hf-checkpoint",
         }.get(kind, "point --load at a --save directory of this backend")
         raise ValueError(
-            f"--load {cfg.load}: {_a(kind)}; --train-backend {cfg.train_backend} resumes its own {wanted} "
+            f"--load {cfg.load}: {with_article(kind)}; --train-backend {cfg.train_backend} resumes its own {wanted} "
             f"checkpoints ({hint})"
         )
     if kind == "fsdp":
@@ -282,7 +224,7 @@ def _check_fsdp_model_flags(cfg: SlimeArgs, root: pathlib.Path) -> None:
     """
     from slime_train_fsdp.checkpoint import model_flag_mismatches, model_flags_of
 
-    step_dir = root / iteration_name(cfg.ckpt_step) if cfg.ckpt_step is not None else _iteration_dir(root)
+    step_dir = root / iteration_name(cfg.ckpt_step) if cfg.ckpt_step is not None else iteration_dir(root)
     meta = step_dir / "meta.json" if step_dir is not None else None
     if meta is None or not meta.is_file():
         return
@@ -314,7 +256,7 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
     from slime_train_fsdp.checkpoint import optimizer_state_refusal
     from slime_train_fsdp.lr_schedule import build_lr_scheduler, load_scheduler_state
 
-    step_dir = root / iteration_name(cfg.ckpt_step) if cfg.ckpt_step is not None else _iteration_dir(root)
+    step_dir = root / iteration_name(cfg.ckpt_step) if cfg.ckpt_step is not None else iteration_dir(root)
     if step_dir is None or not (step_dir / "meta.json").is_file():
         return  # the trainer's load names what is missing
     refusal = optimizer_state_refusal(root, step_dir)  # the trainer's rule, which it applies after the engines start
@@ -325,7 +267,7 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
     try:
         state = torch.load(saved, weights_only=False)
     except Exception as e:  # noqa: BLE001 - a truncated file: torch raises RuntimeError/EOFError/UnpicklingError
-        # It escaped the CLI's one-line errors as torch's traceback ("PytorchStreamReader failed ...").
+        # torch's own error ("PytorchStreamReader failed ...") would end the CLI in a traceback, not one line.
         raise ValueError(
             f"--load {root}: {step_dir.name}/{saved.name} cannot be read ({type(e).__name__}: {first_sentence(e)}); "
             f"it was damaged after it was written (a partial copy, a crash before it reached the disk); "
@@ -348,7 +290,7 @@ def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
             notes.append(f"--ref-load {cfg.ref_load}: {kind}, the initial and reference weights")
             return
         raise ValueError(
-            f"--ref-load {cfg.ref_load}: {_a(kind)}; the Megatron backend reads --ref-load as torch_dist "
+            f"--ref-load {cfg.ref_load}: {with_article(kind)}; the Megatron backend reads --ref-load as torch_dist "
             "(slime-convert hf-to-mcore), or leave it out to start from --hf-checkpoint"
         )
     if not cfg.with_ref and not fp8:
@@ -366,7 +308,7 @@ def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
             f"{_converted_dir(cfg)} (converted once, before the run)"
         )
     else:
-        raise ValueError(f"--ref-load {cfg.ref_load}: {_a(kind)}; FSDP needs HF weights or torch_dist")
+        raise ValueError(f"--ref-load {cfg.ref_load}: {with_article(kind)}; FSDP needs HF weights or torch_dist")
 
 
 def check_checkpoints(cfg: SlimeArgs) -> list[str]:
@@ -468,7 +410,7 @@ def _fields_of(flag: str, path: str, kind: str) -> dict[str, int | None] | None:
 
         state = resolve_iteration_dir(root)
     elif kind == "fsdp":
-        state = (_iteration_dir(root) or root) / "model_and_optim"
+        state = (iteration_dir(root) or root) / "model_and_optim"
         if not (state / ".metadata").is_file():
             return None
     else:

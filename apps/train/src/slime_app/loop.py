@@ -57,7 +57,8 @@ _TRANSPORTS = {  # --weight-sync after validation resolved "auto"
 def _refused_input(what: str) -> Iterator[None]:
     """Bad input met while starting (a damaged `--load` checkpoint or data cursor) is `StartRefused`: one line.
 
-    The error a Ray actor raised (`ValueError`/`FileNotFoundError` under Ray's task error) was the driver's traceback.
+    A Ray actor's `ValueError`/`FileNotFoundError` reaches the driver wrapped in Ray's task error, which would end the
+    run in a traceback; the root cause's message is the line (`what` goes to the debug log with the traceback).
     """
     try:
         yield
@@ -81,8 +82,8 @@ class EvalAfterSave:
 
     That eval runs after the save and is written at x = rollout + 1, where a run resumed from the checkpoint starts
     and TensorBoard hides the earlier points (`Tracker.begin_at`). The resumed run evaluates again where it was due
-    then, also when its own schedule no longer says so: a finished run extended with a larger `--num-rollout` lost
-    the eval of its last rollout.
+    then, also when its own schedule no longer says so, so that a finished run extended with a larger
+    `--num-rollout` keeps the eval of its last rollout in the curves.
 
     Attributes:
         due: set by the loop before each run-state save.

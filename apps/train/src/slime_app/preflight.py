@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
+from slime_app.checkpoint_kinds import checkpoint_kind
 from slime_app.checkpoints import check_checkpoints
 from slime_app.fp8_rollout import check_fp8_rollout
 from slime_app.ray_start import ray_address
@@ -419,8 +420,6 @@ def _weight_readers(cfg: SlimeArgs) -> dict[str, str]:
     if cfg.rollout_engine and not (cfg.rollout_engine_urls or cfg.debug_train_only):
         readers["engines"] = f"the --rollout-engine {cfg.rollout_engine} engines load them at start"
     if not cfg.debug_rollout_only:
-        from slime_app.checkpoints import checkpoint_kind
-
         torch_dist_start = (
             train_backend_spec(cfg).reads_torch_dist
             and cfg.ref_load

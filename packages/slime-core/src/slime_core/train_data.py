@@ -333,11 +333,13 @@ def _top_p_tensors(cfg: SlimeArgs, samples: Sequence[Sample]):
 def check_finite_log_probs(samples: Sequence[Sample], log_probs: Sequence[torch.Tensor], what: str) -> None:
     """Checks that every per-token log-prob a sample carries is a finite number.
 
-    The engine's replies are checked where they are parsed (`slime_rollout.generation.engine_reply`); a generate
-    function or env that sets them itself is not. A NaN or infinity there became the TIS weight, the
-    `--use-rollout-logprobs` ratio or the reward-shaping KL (`--kl-coef`, which PPO's GAE and REINFORCE++ spread
-    over the whole response, masked tokens included) and made the step's loss and every gradient NaN, naming
-    nothing (the original trains on it too). Non-trainable tokens carry 0.0 (`Sample.append_response_tokens`).
+    The engine's replies are checked where they are parsed (`slime_rollout.generation.engine_reply`) and a generate
+    function's or sample hook's samples where it hands them over (`slime_rollout.generation.plugin_values`, naming
+    the plugin); samples that pass neither (a custom `--rollout-function-path`, a replayed dump) are checked here.
+    A NaN or infinity would become the TIS weight, the `--use-rollout-logprobs` ratio or the reward-shaping KL
+    (`--kl-coef`, which PPO's GAE and REINFORCE++ spread over the whole response, masked tokens included) and make
+    the step's loss and every gradient NaN, naming nothing (the original trains on it). Non-trainable tokens carry
+    0.0 (`Sample.append_response_tokens`).
 
     Args:
         samples: the samples, in the order of `log_probs`.

@@ -176,8 +176,8 @@ class _OtherParameters(ValueError):
 class _OtherSchedule(ValueError):
     """The checkpoint's learning-rate schedule or AdamW settings differ from this run's flags (`load_scheduler_state`).
 
-    Told apart from a file that cannot be read: it was reported as a damaged checkpoint, naming `--load` for the
-    critic's `--critic-load`.
+    Kept apart from a file that cannot be read, so the message says what differs (not "damaged") and names the
+    loader's own flag (`--critic-load` for the critic).
     """
 
 
@@ -476,7 +476,7 @@ def optimizer_state_refusal(
     if saved is not False and (path / "scheduler.pt").is_file():
         return None
     if saved is True and isinstance(meta, dict) and "save_optim" in meta:
-        # Written with its optimizer state: the file went missing since. It was called a --no-save-optim checkpoint.
+        # Written with its optimizer state (meta.json says so): the file went missing since, not --no-save-optim.
         return (
             f"{flag} {load_dir}: {path.name}/scheduler.pt is missing, though {path.name} was saved with its optimizer "
             "state (a partial copy); restore the file, resume from another iteration with --ckpt-step, or give "

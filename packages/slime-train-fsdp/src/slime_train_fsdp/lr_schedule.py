@@ -110,8 +110,8 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: SlimeArgs) -> torc
 def _optimizer_flags(cfg: SlimeArgs) -> dict[str, float]:
     """The AdamW settings a resume must share with its checkpoint (kept in the scheduler's state dict, compared).
 
-    `Optimizer.load_state_dict` puts the saved param groups' values over this run's: a resume with another
-    `--weight-decay` or `--adam-beta2` trained on with the saved ones, with no word.
+    `Optimizer.load_state_dict` puts the saved param groups' values over this run's: unchecked, a resume with
+    another `--weight-decay` or `--adam-beta2` would train on with the saved ones, with no word.
     """
     return {"--weight-decay": float(cfg.weight_decay), "--adam-beta1": float(cfg.adam_beta1),
             "--adam-beta2": float(cfg.adam_beta2), "--adam-eps": float(cfg.adam_eps)}  # fmt: skip

@@ -86,7 +86,17 @@ def compute_gspo_kl(
     """GSPO's sequence log-ratio `Σ_t (lp_old - lp)·m / max(Σm, 1)` of each sample on each of its tokens, `[T]`.
 
     `local_log_probs` is the original's context-parallel shard; the loss gets whole responses here, so it has
-    the same lengths as `full_log_probs` (`slime_core.algorithms.policy_loss.sequence_mean_ppo_kl`).
+    the same lengths as `full_log_probs` (`slime_core.algorithms.policy_loss.sequence_mean_ppo_kl`; Zheng et al.
+    2025, arXiv:2507.18071).
+
+    Args:
+        full_log_probs: N `[L_i]` current log-probs of each response.
+        full_old_log_probs: N `[L_i]` old (behaviour) log-probs.
+        local_log_probs: N `[L_i]`; only their lengths are read.
+        loss_masks: N `[L_i]` 1 = trainable token; a masked token adds 0 whatever its value.
+
+    Returns:
+        `[T]` float32, `T = Σ L_i`: sample i's mean log-ratio repeated on each of its tokens.
     """
     lengths = [int(lp.numel()) for lp in local_log_probs]
     ppo_kl = torch.cat([o - lp for o, lp in zip(full_old_log_probs, full_log_probs, strict=True)])
@@ -95,19 +105,49 @@ def compute_gspo_kl(
 
 
 def get_grpo_returns(rewards: torch.Tensor, kl: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each sample's scalar reward on each of its tokens: N `[L_i]` (GRPO's advantages and returns)."""
+    """Each sample's scalar reward on each of its tokens (GRPO's advantages and returns).
+
+    Args:
+        rewards: `[N]` the group-normalized reward of each sample.
+        kl: N `[L_i]`; only their shapes are read.
+
+    Returns:
+        N `[L_i]` tensors, each filled with its sample's reward.
+    """
     return [torch.ones_like(k) * rewards[i] for i, k in enumerate(kl)]
 
 
 def get_reinforce_plus_plus_baseline_advantages(
     rewards: torch.Tensor, kl: list[torch.Tensor], loss_masks: list[torch.Tensor], kl_coef: float
 ) -> list[torch.Tensor]:
-    """REINFORCE++-baseline before whitening: `r̃_i - kl_coef·kl_it`, N `[L_i]` (`loss_masks` unused, as there)."""
+    """REINFORCE++-baseline advantages before whitening: `r̃_i - kl_coef·kl_it` (Hu et al. 2025).
+
+    Args:
+        rewards: `[N]` group-baselined rewards `r̃_i`.
+        kl: N `[L_i]` per-token KL to the reference.
+        loss_masks: N `[L_i]`; unused, as in the original.
+        kl_coef: `--kl-coef`.
+
+    Returns:
+        N `[L_i]` advantages.
+    """
     return [torch.ones_like(k) * r - kl_coef * k for k, r in zip(kl, rewards, strict=False)]
 
 
 def chunked_discounted_returns(rewards: torch.Tensor, discount: float, chunk_size: int = 128) -> torch.Tensor:
-    """`[B, L]` reverse discounted sums `S_t = r_t + discount·S_{t+1}` of each row (`discounted_cumsum`)."""
+    """Reverse discounted sums `S_t = r_t + discount·S_{t+1}` of each row (`discounted_cumsum`).
+
+    Args:
+        rewards: `[B, L]` per-token rewards.
+        discount: γ (or γλ for GAE).
+        chunk_size: the original's chunk length; the values do not depend on it.
+
+    Returns:
+        `[B, L]`, `rewards`' dtype.
+
+    Raises:
+        ValueError: `rewards` is not 2-D.
+    """
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [B, L], got shape {tuple(rewards.shape)}")
     rows = [discounted_cumsum(row, discount, chunk_size) for row in rewards]
@@ -120,6 +160,16 @@ def chunked_gae(
     """GAE (Schulman et al. 2016) of `[B, L]` rows, the value after the last position 0: `(advantages, returns)`.
 
     `δ_t = r_t + γ V_{t+1} - V_t`, `A_t = Σ_l (γλ)^l δ_{t+l}`, returns `A + V`.
+
+    Args:
+        rewards: `[B, L]` per-token rewards.
+        values: `[B, L]` critic values.
+        gamma: discount γ.
+        lambd: GAE λ.
+        chunk_size: the original's chunk length; the values do not depend on it.
+
+    Returns:
+        `(advantages, returns)`, both `[B, L]`.
 
     Raises:
         ValueError: rewards and values are not both `[B, L]`.
@@ -134,5 +184,18 @@ def chunked_gae(
 def vanilla_gae(
     rewards: torch.Tensor, values: torch.Tensor, gamma: float, lambd: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same GAE as `chunked_gae` (the original's serial loop; one implementation here)."""
+    """The same GAE as `chunked_gae` (the original's serial loop; one implementation here).
+
+    Args:
+        rewards: `[B, L]`.
+        values: `[B, L]`.
+        gamma: discount γ.
+        lambd: GAE λ.
+
+    Returns:
+        `(advantages, returns)`, both `[B, L]`.
+
+    Raises:
+        ValueError: rewards and values are not both `[B, L]`.
+    """
     return chunked_gae(rewards, values, gamma, lambd)

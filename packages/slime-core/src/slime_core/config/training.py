@@ -215,8 +215,9 @@ class FsdpArgs(ArgsGroup):
         "fp32out (bf16 tensor cores, fp32 accumulation and logits, autograd backward), tf32, bf16 (bf16 matmul and "
         "logits, fp32 softmax), liger (liger-kernel fused linear cross-entropy, optional dependency; not with "
         "--rollout-top-p < 1). "
-        "--train-backend megatron: unset = megatron-core's bf16 logits on every position; fused = the same fused head "
-        "on the response rows' final hidden states (needs --tensor-model-parallel-size 1); the others are refused.",
+        "--train-backend megatron: fused = the same fused head on the response rows' final hidden states (needs "
+        "--tensor-model-parallel-size 1; the default on GPUs at TP 1), else megatron-core's bf16 logits on every "
+        "position (unset on CPU or at TP > 1); the others are refused.",
     )
     fsdp_compile_layers: bool | None = arg(
         None,

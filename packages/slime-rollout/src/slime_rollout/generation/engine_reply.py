@@ -21,14 +21,36 @@ __all__ = ["checked_log_prob", "checked_token_id", "parse_generate_reply"]
 
 
 def checked_token_id(value: Any, at: str) -> int:
-    """`value` as a token id; a ValueError saying `{at}: token id ... is not a non-negative integer` otherwise."""
+    """One token id, checked (also for a plugin's `Sample.tokens`: `plugin_values`).
+
+    Args:
+        value: an int, or a whole-valued real (`5.0`, a numpy integer); not a bool.
+        at: where it was read, the message's prefix (`"... output_token_logprobs[3]"`, `"sample 2: tokens[7]"`).
+
+    Returns:
+        The id as an int.
+
+    Raises:
+        ValueError: `"{at}: token id ... is not a non-negative integer"` (negative, fractional, text, None, bool).
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer() or value < 0:
         raise ValueError(f"{at}: token id {preview(value)} is not a non-negative integer")
     return int(value)
 
 
 def checked_log_prob(value: Any, at: str) -> float:
-    """`value` as a log-prob; a ValueError saying `{at}: log-prob ... is not a finite number` otherwise."""
+    """One per-token log-prob (natural log), checked (also for a plugin's `Sample.rollout_log_probs`).
+
+    Args:
+        value: a real number; not a bool.
+        at: where it was read, the message's prefix.
+
+    Returns:
+        The log-prob as a float.
+
+    Raises:
+        ValueError: `"{at}: log-prob ... is not a finite number"` (NaN, ±inf, text, None, bool).
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
         raise ValueError(f"{at}: log-prob {preview(value)} is not a finite number")
     return float(value)

@@ -226,8 +226,8 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
     resolved = []
     for entry in entries:
         dataset = {**flags, **defaults, **entry}
-        # The dataset's own length (entry, then eval.defaults) comes before the flags, as the original resolves it:
-        # required first, the flags failed an eval-only run whose --eval-config gave every dataset its length.
+        # The dataset's own length (entry, then eval.defaults) comes before the flags, as the original resolves it,
+        # so an eval-only run whose --eval-config gives every dataset its length needs no length flag.
         own_length = dataset.get("max_response_len")
         if own_length is None and flag_length is None:
             hint = "--eval-max-response-len or --rollout-max-response-len"

@@ -269,10 +269,10 @@ class FullyAsyncProducer:
     def _count_abort(self) -> None:
         """Counts a group that came back ABORTED; too many in a row, none finishing, end the producer.
 
-        A generate function that gives up on every sample (returns it ABORTED) had its groups restarted forever while
-        the take waited up to --rollout-timeout-secs with no word. The count starts again at each take (one weight
-        push at most in between, aborting at most the groups in flight, `capacity`), so the bound is that many beyond
-        the filter's (`_max_dropped`).
+        Unbounded, a generate function that gives up on every sample (returns it ABORTED) would have its groups
+        restarted forever while the take waits up to --rollout-timeout-secs, with no word. The count starts again at
+        each take (one weight push at most in between, aborting at most the groups in flight, `capacity`), so the
+        bound is that many beyond the filter's (`_max_dropped`).
 
         Raises:
             RuntimeError: `_max_dropped + capacity` groups in a row aborted (names the generate function and the flag).

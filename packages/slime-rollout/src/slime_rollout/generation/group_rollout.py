@@ -143,10 +143,10 @@ def _checked_output(out: Any, what: str, *, fan_out: bool, trained: bool = True)
 def _validated(sample: Sample, what: str, *, trained: bool = True) -> Sample:
     """`sample` if its values and lengths are sound, else one error naming the plugin `what` and the sample.
 
-    A plugin that set `loss_mask`, `rollout_log_probs` or `response_length` itself out of step with the rest failed
-    later, in the rollout's metrics or the trainer's batches, naming the sample but not the plugin that built it; a
-    NaN log-prob or a negative token id was trained on (`plugin_values.check_plugin_sample_values`; an eval sample's
-    tokens and log-probs, which nothing reads, are not checked: `trained` False).
+    Checked here, at the hand-over, the error names the plugin that built the sample; later (the rollout's metrics,
+    the trainer's batches) it would name the sample only. Values: `plugin_values.check_plugin_sample_values` (with
+    `trained` False, an eval sample's tokens and log-probs, which nothing reads, are not checked); lengths:
+    `Sample.validate`.
     """
     try:
         check_plugin_sample_values(sample, trained=trained)

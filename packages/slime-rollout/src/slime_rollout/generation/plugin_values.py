@@ -1,12 +1,15 @@
 """The values of a sample a plugin built (a custom generate function, a sample hook), checked where it is handed over.
 
 The default generate reads every engine reply through `engine_reply.parse_generate_reply`, which refuses a NaN
-log-prob or a negative token id. A custom generate function (every agent example of the original: search-r1, retool,
-multi_agent, tau-bench) sets `tokens`, `rollout_log_probs` and `response_length` itself, and those reached the trainer
-unchecked: a NaN or infinite log-prob poisons the importance weights of a whole step (even on a masked token:
-`0 * nan` is nan), a negative id indexes the embedding from its end on CPU and is a device-side assert on a GPU, and
-text tokens or an unset `response_length` failed later as bare TypeErrors naming neither the plugin nor the sample.
-Tensors and numpy arrays stay accepted, as the original's trainer takes them.
+log-prob or a negative token id; this module applies the same checks (`checked_token_id`, `checked_log_prob`) to a
+sample a custom generate function or a sample hook built (every agent example of the original, search-r1, retool,
+multi_agent, tau-bench, sets `tokens`, `rollout_log_probs` and `response_length` itself). Checked here, the error names
+the plugin and the sample at the hand-over. Unchecked, a NaN or infinite log-prob poisons the importance weights of a
+whole step (even on a masked token: `0 * nan` is nan), a negative id indexes the embedding from its end on CPU and is
+a device-side assert on a GPU, and text tokens or an unset `response_length` fail later as bare TypeErrors naming
+neither. `slime_core.train_data.check_finite_log_probs` checks the log-probs again where the training batch is built,
+for samples that pass no plugin hand-over (a custom `--rollout-function-path`, a replayed dump). Tensors and numpy
+arrays stay accepted, as the original's trainer takes them.
 """
 
 from __future__ import annotations
