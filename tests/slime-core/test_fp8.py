@@ -230,3 +230,16 @@ def test_modules_to_not_convert_match_on_module_path_boundaries_as_sglang():
     assert sorted(n for n in pushed if n.endswith(".weight_scale_inv")) == [
         "model.layers.0.self_attn.q_proj.weight_scale_inv"
     ]
+
+
+def test_ignored_layers_wins_over_modules_to_not_convert_as_in_sglangs_fp8_config():
+    # SGLang's Fp8Config.from_config reads the first of ["ignored_layers", "modules_to_not_convert"] present; the
+    # trainer read modules_to_not_convert first, so a config carrying both pushed another set of layers unquantized
+    # than the engine holds unquantized.
+    qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [2, 2],
+          "ignored_layers": ["model.layers.0.mlp.gate_proj"], "modules_to_not_convert": ["lm_head"]}  # fmt: skip
+    assert Fp8Config.from_quantization_config(qc).modules_to_not_convert == ("model.layers.0.mlp.gate_proj",)
+    qc["ignored_layers"] = []  # present, even empty: SGLang takes it
+    assert Fp8Config.from_quantization_config(qc).modules_to_not_convert == ()
+    del qc["ignored_layers"]
+    assert Fp8Config.from_quantization_config(qc).modules_to_not_convert == ("lm_head",)

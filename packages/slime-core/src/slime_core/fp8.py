@@ -113,7 +113,9 @@ class Fp8Config:
                 f"{source}: weight_block_size={block!r}; FP8 rollout needs blockwise scales, e.g. [128, 128] "
                 "(per-tensor/per-channel FP8 checkpoints: convert with `slime-convert hf-to-fp8`)"
             )
-        keep = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
+        # SGLang's Fp8Config takes the first key present, `ignored_layers` before `modules_to_not_convert`.
+        keep = qc["ignored_layers"] if "ignored_layers" in qc else qc.get("modules_to_not_convert")
+        keep = keep or ()
         return cls(weight_block_size=(int(block[0]), int(block[1])), modules_to_not_convert=tuple(keep))
 
 
