@@ -164,3 +164,28 @@ def test_preflight_refuses_fp8_weights_with_a_partial_column_block(tmp_path):
     hf_to_fp8(bf16, tmp_path / "fp8_16", block_size=(16, 16), progress=False)
     [note] = check_fp8_rollout(_cfg(hf_checkpoint=str(tmp_path / "fp8_16"), ref_load=str(bf16), use_tis=True))
     assert "16x16 blocks" in note
+
+
+def test_preflight_refuses_a_non_square_fp8_block_while_the_weight_check_is_on(tmp_path):
+    # SGLang 0.5.16's /weights_checker (and the reference engine, which answers as it does) infers a square block
+    # from the scale's column count, so 32 x 16 blocks failed the first weight sync ("scales cover 32 rows" on a
+    # [64, 32] weight) and 16 x 32 ones were compared dequantized with the wrong rows; now the preflight names the
+    # checkpoint, its block and the two ways out.
+    from slime_convert.fp8 import hf_to_fp8
+    from slime_rollout.engines.weight_checksum import sglang_fp8_comparable
+
+    bf16 = tmp_path / "bf16"
+    bf16.mkdir()
+    (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    save_file({"model.layers.0.mlp.up_proj.weight": torch.randn(64, 32, dtype=torch.bfloat16)},
+              str(bf16 / "model.safetensors"))  # fmt: skip
+    hf_to_fp8(bf16, tmp_path / "fp8_32x16", block_size=(32, 16), progress=False)
+    q, s = quantize_blockwise(torch.randn(64, 32), (32, 16))
+    with pytest.raises(ValueError, match="cover 32 rows"):
+        sglang_fp8_comparable(q, s)  # what the weight check would have hit
+    fp8 = str(tmp_path / "fp8_32x16")
+    with pytest.raises(ValueError, match=r"fp8_32x16/config.json: weight_block_size \[32, 16\] is not square.*"
+                                         r"--no-check-weight-sync"):  # fmt: skip
+        check_fp8_rollout(_cfg(hf_checkpoint=fp8, ref_load=str(bf16), use_tis=True))
+    [note] = check_fp8_rollout(_cfg(hf_checkpoint=fp8, ref_load=str(bf16), use_tis=True, check_weight_sync=False))
+    assert "32x16 blocks" in note

@@ -211,3 +211,35 @@ def test_a_non_finite_weight_is_refused_naming_it_not_pushed_as_a_nan_block(bad)
 
     with pytest.raises(ValueError, match=r"up_proj\.weight hold\(s\) inf or NaN"):
         list(quantize_named(named, cfg))
+
+
+def test_modules_to_not_convert_match_on_module_path_boundaries_as_sglang():
+    # SGLang keeps a layer unquantized when a `modules_to_not_convert` entry is its path, a parent module of it, or a
+    # dotted run of its segments (a template without the layer index, as Qwen3.6-FP8's configs list them), never a
+    # mere substring (`self_attn.q` is not `self_attn.q_proj`). Only exact names were kept here, so the trainer
+    # pushed e4m3 weights and scales for layers the engine holds in BF16.
+    cfg = Fp8Config(
+        weight_block_size=(2, 2),
+        modules_to_not_convert=("mlp.gate_proj", "model.layers.1.mlp", "self_attn.q", "layers.0.self_attn.q_pro"),
+    )
+    [bucket] = list(quantize_buckets([_named()], cfg))
+    pushed = dict(bucket)
+    assert pushed["model.layers.0.mlp.gate_proj.weight"].dtype == torch.float32  # template: every layer's gate_proj
+    assert pushed["model.layers.1.mlp.experts.3.down_proj.weight"].dtype == torch.float32  # under a parent module
+    assert pushed["model.layers.0.self_attn.q_proj.weight"].dtype == FP8_DTYPE  # partial segments match nothing
+    assert sorted(n for n in pushed if n.endswith(".weight_scale_inv")) == [
+        "model.layers.0.self_attn.q_proj.weight_scale_inv"
+    ]
+
+
+def test_ignored_layers_wins_over_modules_to_not_convert_as_in_sglangs_fp8_config():
+    # SGLang's Fp8Config.from_config reads the first of ["ignored_layers", "modules_to_not_convert"] present; the
+    # trainer read modules_to_not_convert first, so a config carrying both pushed another set of layers unquantized
+    # than the engine holds unquantized.
+    qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [2, 2],
+          "ignored_layers": ["model.layers.0.mlp.gate_proj"], "modules_to_not_convert": ["lm_head"]}  # fmt: skip
+    assert Fp8Config.from_quantization_config(qc).modules_to_not_convert == ("model.layers.0.mlp.gate_proj",)
+    qc["ignored_layers"] = []  # present, even empty: SGLang takes it
+    assert Fp8Config.from_quantization_config(qc).modules_to_not_convert == ()
+    del qc["ignored_layers"]
+    assert Fp8Config.from_quantization_config(qc).modules_to_not_convert == ("lm_head",)

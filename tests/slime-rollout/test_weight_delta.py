@@ -420,3 +420,35 @@ def test_engines_that_release_memory_keep_their_weights_for_tensor_deltas():
     assert backup(weight_sync="tensor")
     assert not backup(weight_sync="tensor", update_weight_mode="full")
     assert not backup(weight_sync="disk")  # a disk delta reloads the whole local checkpoint
+
+
+def test_a_delta_reaches_an_expert_inside_transformers_fused_moe_parameters(tmp_path, make_tiny_qwen3_moe):
+    # The trainer pushes per-expert checkpoint names (as SGLang loads them); transformers holds one fused
+    # `experts.gate_up_proj` / `experts.down_proj` per layer. A full push lands them (`load_named_tensors` maps each
+    # to its slice), but a delta was refused as "unknown parameter": every delta push of a MoE model failed.
+    from slime_rollout.engines.reference.delta import apply_delta_request
+    from slime_rollout.engines.reference.model import ReferenceModel
+    from slime_rollout.engines.weight_delta import UpdateWeightsFromDeltaReq
+
+    served = ReferenceModel(str(make_tiny_qwen3_moe(tmp_path / "moe")))
+    state = served.model.state_dict()
+    down, up = "model.layers.0.mlp.experts.3.down_proj.weight", "model.layers.1.mlp.experts.5.up_proj.weight"
+    old = {down: state["model.layers.0.mlp.experts.down_proj"][3].clone(),
+           up: state["model.layers.1.mlp.experts.gate_up_proj"][5].chunk(2, dim=0)[1].clone()}  # fmt: skip
+    gate_before = state["model.layers.1.mlp.experts.gate_up_proj"][5].chunk(2, dim=0)[0].clone()
+    base = DeltaBase(encoding="xor", algorithm="xxh3-128")
+    base.record_full(old.items())
+    base.commit("1")
+    new = {name: t + 0.25 for name, t in old.items()}
+    deltas = base.encode_bucket(new.items())
+    req = UpdateWeightsFromDeltaReq(
+        serialized_named_tensors=[""], checksums={d.name: d.checksum for d in deltas}, base_version="1",
+        weight_version="2",
+    )  # fmt: skip
+    named = [(d.name, torch.from_numpy(d.payload.copy())) for d in deltas]
+    assert apply_delta_request(served, named, req) == 2
+    state = served.model.state_dict()
+    assert torch.equal(state["model.layers.0.mlp.experts.down_proj"][3], new[down])
+    up_gate = state["model.layers.1.mlp.experts.gate_up_proj"][5].chunk(2, dim=0)
+    assert torch.equal(up_gate[1], new[up])
+    assert torch.equal(up_gate[0], gate_before)  # the other half of the fused row block is untouched

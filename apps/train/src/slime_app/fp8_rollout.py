@@ -72,8 +72,9 @@ def check_fp8_rollout(cfg: SlimeArgs) -> list[str]:
 
     Raises:
         ValueError: FP8 serving without the BF16 `--ref-load` the trainer starts from, with LoRA (the engine would
-            need an FP8 base plus BF16 adapters, which this version does not push), or with a quantized weight whose
-            columns are not a multiple of the block's (`_check_block_columns`).
+            need an FP8 base plus BF16 adapters, which this version does not push), with a quantized weight whose
+            columns are not a multiple of the block's (`_check_block_columns`), or with a non-square block while
+            `--check-weight-sync` is on (`_check_square_block`).
     """
     fp8 = serving_fp8(cfg)
     if fp8 is None:
@@ -85,6 +86,8 @@ def check_fp8_rollout(cfg: SlimeArgs) -> list[str]:
         )
     weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
     _check_block_columns(str(cfg.hf_checkpoint), fp8.weight_block_size[1])
+    if cfg.check_weight_sync:
+        _check_square_block(str(cfg.hf_checkpoint), fp8.weight_block_size)
     if not cfg.use_tis:
         logger.warning(
             "FP8 rollout without --use-tis: the original pairs FP8 serving with truncated importance sampling "
@@ -95,6 +98,23 @@ def check_fp8_rollout(cfg: SlimeArgs) -> list[str]:
         f"FP8 rollout: engines serve {cfg.hf_checkpoint} (e4m3, {fp8.weight_block_size[0]}x{fp8.weight_block_size[1]} "
         f"blocks), the trainer trains BF16 weights from {weights} and quantizes every push; first-step gate {stop:g}"
     ]
+
+
+def _check_square_block(hf_checkpoint: str, block: tuple[int, int]) -> None:
+    """Refuses a non-square `weight_block_size` when the weights are checked after a sync.
+
+    SGLang 0.5.16's `/weights_checker` (`Fp8BlockComparable._infer_block_size`) and the reference engine, which
+    answers as it does (`slime_rollout.engines.weight_checksum.sglang_fp8_comparable`), take the block as square
+    with the width columns / scale columns: a taller block leaves rows without a scale (the check fails), a wider
+    one dequantizes rows with their neighbours' scales (the check compares wrong values). Serving is unaffected.
+    """
+    if block[0] != block[1]:
+        raise ValueError(
+            f"{hf_checkpoint}/config.json: weight_block_size {list(block)} is not square; SGLang's weight checker "
+            "infers a square block from the scales, so the weight check after each sync cannot dequantize these "
+            "weights. Quantize with a square block (`slime-convert hf-to-fp8 --block-size B B`), or pass "
+            "--no-check-weight-sync"
+        )
 
 
 def _check_block_columns(hf_checkpoint: str, block_cols: int) -> None:

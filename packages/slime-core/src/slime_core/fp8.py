@@ -113,7 +113,9 @@ class Fp8Config:
                 f"{source}: weight_block_size={block!r}; FP8 rollout needs blockwise scales, e.g. [128, 128] "
                 "(per-tensor/per-channel FP8 checkpoints: convert with `slime-convert hf-to-fp8`)"
             )
-        keep = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
+        # SGLang's Fp8Config takes the first key present, `ignored_layers` before `modules_to_not_convert`.
+        keep = qc["ignored_layers"] if "ignored_layers" in qc else qc.get("modules_to_not_convert")
+        keep = keep or ()
         return cls(weight_block_size=(int(block[0]), int(block[1])), modules_to_not_convert=tuple(keep))
 
 
@@ -249,15 +251,25 @@ def is_quantized_weight(name: str, tensor: torch.Tensor, cfg: Fp8Config) -> bool
     """Whether an HF-named tensor is stored as FP8 in a serving checkpoint.
 
     True for a ≥2-D floating `*.weight` inside a decoder layer (`layers.<i>.`) that is not a norm, router, vision
-    module or linear-attention gate/conv (`in_proj_b`, `in_proj_a`, `in_proj_ba`, `conv1d`) and not in
-    `cfg.modules_to_not_convert`; embeddings and `lm_head` stay unquantized.
+    module or linear-attention gate/conv (`in_proj_b`, `in_proj_a`, `in_proj_ba`, `conv1d`) and not kept by
+    `cfg.modules_to_not_convert` (`_kept_module`); embeddings and `lm_head` stay unquantized.
     """
     if not name.endswith(".weight") or tensor.dim() < 2 or not tensor.is_floating_point():
         return False
     if tensor.dtype == FP8_DTYPE or not _IN_LAYER.search(name) or _KEEP.search(name):
         return False
-    keep = {k.removeprefix("model.") for k in cfg.modules_to_not_convert}  # SGLang matches both spellings too
-    return name.removesuffix(".weight").removeprefix("model.") not in keep
+    module = name.removesuffix(".weight").removeprefix("model.")
+    return not any(_kept_module(k.removeprefix("model.").rstrip("."), module) for k in cfg.modules_to_not_convert)
+
+
+def _kept_module(entry: str, module: str) -> bool:
+    """Whether a `modules_to_not_convert` entry keeps `module` unquantized, matched on dotted path boundaries.
+
+    As SGLang's `is_layer_skipped` (`layers/quantization/utils.py`, sglang PR #23467): the module itself, a parent of
+    it (`layers.1.mlp`), or a run of whole segments inside its path (`mlp.gate_proj` for every layer's), never a
+    partial segment (`self_attn.q` keeps no `q_proj`). Both sides are given without the leading `model.`.
+    """
+    return bool(entry) and (f".{entry}." in f".{module}.")
 
 
 def _quantize_stream(named: Iterable[tuple[str, torch.Tensor]], cfg: Fp8Config) -> Iterator[tuple[str, torch.Tensor]]:

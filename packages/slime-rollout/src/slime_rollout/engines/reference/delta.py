@@ -76,10 +76,10 @@ def apply_delta_request(
                 base = fp8_held[name]
                 fp8_rebuilt[name] = _from_bytes(_verified(name, base, payload, req), base)
                 continue
-            module_name = to_module_name(name, model.model_type)
-            if module_name not in state:
+            # A per-expert MoE matrix lands in its slice of a fused parameter, as a full push does.
+            target = model.weights.target(to_module_name(name, model.model_type), state)
+            if target is None:
                 raise KeyError(f"update_weights_from_delta: unknown parameter {name!r}")
-            target = state[module_name]
             rebuilt.append((target, _verified(name, target, payload, req)))
         if fp8_rebuilt:
             # Dequantized and loaded as a pair (checked whole first); the unchanged half is the one held.

@@ -72,12 +72,7 @@ class ServedWeights:
             pairs = []
             for name, tensor in self.fp8.dequantized(named_tensors):
                 name = to_module_name(name, self.model_type)
-                target = state.get(name)
-                if target is None and (where := expert_slice(name, state)) is not None:
-                    fused, expert, half = where  # transformers' fused MoE experts (slime_core.moe_experts)
-                    target = state[fused][expert]
-                    if half is not None:
-                        target = target.chunk(2, dim=0)[half]
+                target = self.target(name, state)
                 if target is None:
                     raise KeyError(f"update_weights: unknown parameter {name!r}")
                 if tuple(target.shape) != tuple(tensor.shape):
@@ -89,6 +84,22 @@ class ServedWeights:
             for target, tensor in pairs:
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
         return len(pairs)
+
+    def target(self, name: str, state: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The tensor of `state` a pushed tensor lands in (a view into a fused parameter), or None for no such weight.
+
+        Args:
+            name: a module name (`to_module_name` of the checkpoint name); a per-expert MoE matrix resolves to its
+                slice of transformers' fused expert parameter (`slime_core.moe_experts.expert_slice`).
+            state: the model's `state_dict()`.
+        """
+        target = state.get(name)
+        if target is None and (where := expert_slice(name, state)) is not None:
+            fused, expert, half = where
+            target = state[fused][expert]
+            if half is not None:
+                target = target.chunk(2, dim=0)[half]
+        return target
 
     def zero_weights(self) -> None:
         """Zeroes every parameter: SGLang's weights after a release and resume without a CPU backup."""
