@@ -192,6 +192,24 @@ async def test_search_tags_episode(tok, qwen3_tokenizer_dir, monkeypatch, tmp_pa
     assert await multi_turn.env_reward(None, out) == 1.0
 
 
+async def test_search_tags_prompt_offers_no_tool_call_function(tok, qwen3_tokenizer_dir, monkeypatch, tmp_path):
+    # The tags format reads <search>...</search>, but the env kept the qwen format's `search` function spec: a
+    # chat-message prompt was rendered with Qwen3's "# Tools ... <tool_call>" section, teaching the model a call
+    # format that this env answers with "invalid action".
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"contents": '"Paris"\nParis is the capital of France.'}) + "\n")
+    engine = ScriptedEngine(tok, ["<answer> Paris </answer>"])
+    install(monkeypatch, engine)
+    messages = [{"role": "user", "content": "What is the capital of France? Use <search>."}]
+    meta = {"env": "search", "env_kwargs": {"corpus_path": str(corpus)}}
+    out = await multi_turn.generate(
+        make_args(qwen3_tokenizer_dir), Sample(prompt=messages, label="Paris", metadata=meta, index=0), params()
+    )
+    expected = enc(tok, tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    assert engine.payloads[0]["input_ids"] == expected
+    assert out.metadata[CONVERSATION_KEY]["tools"] is None and out.reward == 1.0
+
+
 async def test_env_from_args_and_errors(tok, qwen3_tokenizer_dir, monkeypatch):
     install(monkeypatch, ScriptedEngine(tok, [FINAL_TURN]))
     sample = Sample(prompt=[{"role": "user", "content": "hi"}], index=0)
