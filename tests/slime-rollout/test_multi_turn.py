@@ -513,3 +513,22 @@ async def test_an_episode_cut_at_max_turns_is_marked_and_logged(tok, qwen3_token
     out = await multi_turn.generate(make_args(qwen3_tokenizer_dir, max_turns=2), calc_sample(), params())
     assert out.metadata["num_turns"] == 2 and "max_turns_reached" not in out.metadata  # the answer ended it
     assert "reached --max-turns" not in caplog.text
+
+
+async def test_env_tools_that_a_text_prompt_cannot_show_are_logged(tok, qwen3_tokenizer_dir, monkeypatch, caplog):
+    # --apply-chat-template renders a text prompt with the row's --tool-key tools only: with no tools column the
+    # calculator env's spec never reached the model, and nothing said so.
+    monkeypatch.setattr(multi_turn, "_num_text_prompts_without_env_tools", 0)
+    install(monkeypatch, ScriptedEngine(tok, [FINAL_TURN]))
+    text = Sample(prompt="What is 6*7?", metadata={"env": "calculator"}, index=5)
+    await multi_turn.generate(make_args(qwen3_tokenizer_dir), text, params())
+    assert (
+        "1 multi-turn episode(s) so far (sample 5) had a text prompt without the tools of env 'calculator', "
+        "['calculator'] (the row has no --tool-key 'tools' tools" in caplog.text
+    )
+    caplog.clear()
+    install(monkeypatch, ScriptedEngine(tok, [FINAL_TURN, FINAL_TURN]))
+    await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params())  # messages: rendered with them
+    with_tools = Sample(prompt="p", metadata={"env": "calculator", "tools": CalculatorEnv.tool_specs}, index=6)
+    await multi_turn.generate(make_args(qwen3_tokenizer_dir), with_tools, params())  # the row's own tools
+    assert "had a text prompt without" not in caplog.text
