@@ -30,6 +30,14 @@ def test_same_blocks_as_the_regex_on_random_text():
         assert list(tag_blocks(text, "<tool_call>", "</tool_call>")) == expected
 
 
+def test_a_body_with_an_integer_past_the_decoders_digit_limit_is_not_a_json_object():
+    # json.loads raises a plain ValueError past 4,300 digits: it escaped the scan (and every parser above it).
+    body = '{"x": ' + "9" * 5000 + "}"
+    text = f"<tool_call>{body}</tool_call> then </tool_call>"
+    assert list(json_tag_blocks(text, "<tool_call>", "</tool_call>")) == [(0, len(body) + 23, body)]
+    assert thinking_end(f'<tool_call>{{"s": "</think>", "x": {"9" * 5000}}}</tool_call> b') > 0
+
+
 def test_empty_tags_are_refused():
     with pytest.raises(ValueError, match="tags must not be empty"):
         list(tag_blocks("x", "", "</t>"))

@@ -184,3 +184,36 @@ async def test_a_type_error_inside_a_tool_is_a_logged_tool_failure_not_bad_argum
         "3",
     ]
     assert caplog.text == ""
+
+
+class CancelledToolEnv(ToolEnv):
+    """`lookup` awaits an inner request that something else cancelled; `echo` answers."""
+
+    def tool_functions(self):
+        async def lookup():
+            inner = asyncio.ensure_future(asyncio.sleep(60))
+            await asyncio.sleep(0)
+            inner.cancel()  # e.g. a client library's connection pool closing the request
+            await inner
+            return "never"
+
+        async def echo(text):
+            return text
+
+        return {"lookup": lookup, "echo": echo}
+
+
+async def test_a_tools_own_cancelled_error_is_a_tool_failure_and_a_real_cancel_still_cancels(caplog):
+    # A CancelledError the tool raised while its episode was not being cancelled escaped `step` (a BaseException):
+    # the sample's generate ended as if the rollout had cancelled it, instead of showing the model an error.
+    env = CancelledToolEnv()
+    step = await env.step(named("lookup") + named("echo", text="ok"))
+    assert step.tool_responses == ["Error: tool 'lookup' failed: CancelledError", "ok"]
+    assert "tool lookup failed: CancelledError()" in caplog.text
+    # The episode's own cancellation (the rollout aborting it) is not swallowed.
+    hanging = HangingEnv(tool_timeout_s=None)
+    task = asyncio.ensure_future(hanging.step(named("hang")))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -91,6 +91,19 @@ def test_results_within_the_bound_are_exact():
     assert safe_eval("2**-3") == 0.125  # a negative exponent is a float, not a size
 
 
+async def test_an_integer_result_longer_than_python_prints_is_one_clear_error():
+    # 9**9999 (9,542 digits) is within the 100,000-bit bound, but str() of an int past Python's 4,300-digit limit
+    # raises: the model was told "Exceeds the limit (4300 digits) for integer string conversion; use
+    # sys.set_int_max_str_digits() to increase the limit", advice about the tool's own interpreter.
+    env = CalculatorEnv()
+    env.reset(prompt="p", label="1", metadata={})
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
+    step = await env.step(call % "9**9999")
+    assert step.tool_responses == ["Error: the result has more than 4300 digits (limit 4300)"]
+    step = await env.step(call % "10**4299")  # 4,300 digits: printed whole
+    assert step.tool_responses == ["1" + "0" * 4299]
+
+
 def test_nesting_past_the_recursion_limit_is_a_value_error():
     # It parses, then the walk raised RecursionError, which safe_eval's callers do not expect.
     with pytest.raises(ValueError, match="nested too deeply"):

@@ -83,6 +83,17 @@ def test_json_nested_past_the_decoders_depth_is_an_error_not_an_exception():
     assert parsed.errors == ["invalid JSON in 'arguments' of tool 'f': nested too deeply"]
 
 
+def test_an_integer_longer_than_the_decoder_reads_is_an_error_not_an_exception():
+    # json.loads raises a plain ValueError (not JSONDecodeError) for an integer past Python's 4,300-digit limit:
+    # 5,000 digits (~1,700 tokens) in a call failed the whole sample as a broken env instead of an observation.
+    digits = "9" * 5000
+    parsed = parse_tool_calls('<tool_call>{"name": "f", "arguments": {"x": ' + digits + "}}</tool_call>")
+    assert parsed.tool_calls == []
+    assert parsed.errors == ["invalid JSON in <tool_call>: a number has more than 4300 digits"]
+    parsed = parse_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"x\\": ' + digits + '}"}</tool_call>')
+    assert parsed.errors == ["invalid JSON in 'arguments' of tool 'f': a number has more than 4300 digits"]
+
+
 def test_blocks_keep_the_order_the_model_wrote():
     text = (
         '<tool_call>{"name": "a", "arguments": {}}</tool_call>'

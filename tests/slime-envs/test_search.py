@@ -79,6 +79,13 @@ async def test_qwen_format_and_f1(corpus):
     assert step.done and step.reward == pytest.approx(2 / 3, abs=1e-12)
 
 
+def test_only_the_qwen_format_offers_the_search_function(corpus):
+    # Tags format: no function spec for the chat template (it advertised a <tool_call> search the env never reads).
+    assert SearchEnv(corpus_path=str(corpus)).tool_specs == []
+    qwen = SearchEnv(corpus_path=str(corpus), format="qwen")
+    assert [spec["function"]["name"] for spec in qwen.tool_specs] == ["search"]
+
+
 def test_bad_options(corpus):
     with pytest.raises(ValueError, match="exactly one of corpus_path and retrieval_url"):
         SearchEnv()

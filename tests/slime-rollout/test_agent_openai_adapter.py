@@ -306,6 +306,17 @@ async def test_retry_from_an_earlier_turn_forks_and_trains_each_turn_once(tok, s
             },
             "messages[1].tool_calls[0].function: arguments are not valid JSON (nested too deeply)",
         ),
+        (
+            # An echoed call whose arguments hold an integer past json's 4,300-digit limit: ValueError, an HTTP 500.
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "9" * 5000}}]},
+                    {"role": "tool", "content": "b"},
+                ]
+            },
+            "messages[1].tool_calls[0].function: arguments are not valid JSON (a number has more than 4300 digits)",
+        ),
         ({"temperature": "hot"}, "temperature must be a finite number, got 'hot'"),
         ({"temperature": -1}, "temperature must be a number >= 0"),
         ({"top_p": 0}, "top_p must be a number in (0, 1]"),
@@ -408,6 +419,22 @@ async def test_a_body_nested_past_the_json_decoders_depth_is_a_400(scripted):
         )
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["message"] == "the body is not JSON: nested too deeply"
+    assert engine.payloads == []
+
+
+async def test_a_body_with_an_integer_past_the_json_decoders_digit_limit_is_a_400(scripted):
+    # aiohttp's request.json() raised a plain ValueError (Python's 4,300-digit limit): a bare HTTP 500.
+    import httpx
+
+    adapter, engine, _ = await scripted(["x"])
+    async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+        reply = await http.post(
+            f"{adapter.base_url}/chat/completions",
+            content='{"seed": ' + "1" * 5000 + "}",
+            headers={"Authorization": "Bearer s", "Content-Type": "application/json"},
+        )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"] == "the body is not JSON: a number has more than 4300 digits"
     assert engine.payloads == []
 
 

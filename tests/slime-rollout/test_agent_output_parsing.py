@@ -30,6 +30,16 @@ def test_json_nested_past_the_decoders_depth_is_an_ill_formed_block():
     assert parse_output(deep_args, parse_tools=True, parse_reasoning=False).num_ill_formed == 1
 
 
+def test_an_integer_longer_than_the_decoder_reads_is_an_ill_formed_block():
+    # json.loads raises a plain ValueError for an integer past Python's 4,300-digit limit: the agent's request
+    # ended as an HTTP 500 (the generated turn lost) instead of a reply whose content keeps the block.
+    text = '<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 5000 + "}}</tool_call>"
+    parsed = parse_output(text, parse_tools=True, parse_reasoning=False)
+    assert parsed.tool_calls == [] and parsed.num_ill_formed == 1 and parsed.content == text
+    as_string = '<tool_call>{"name": "f", "arguments": "{\\"x\\": ' + "9" * 5000 + '}"}</tool_call>'
+    assert parse_output(as_string, parse_tools=True, parse_reasoning=False).num_ill_formed == 1
+
+
 @pytest.mark.parametrize(
     "text",
     [

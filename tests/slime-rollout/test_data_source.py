@@ -210,6 +210,25 @@ def test_tools_that_are_not_a_list_of_schemas_name_the_row(tmp_path, tools, show
     assert RolloutDataSource(args).prompts[1].metadata["tools"] == [{"type": "function", "function": {"name": "calc"}}]
 
 
+@pytest.mark.parametrize(
+    "text", ['[{"type": "function", "function": {"name": "calc", "x": ' + "9" * 5000 + "}}]", "[" * 5000]
+)
+def test_a_tools_string_json_cannot_decode_names_the_row(tmp_path, text):
+    # An integer past Python's 4,300-digit limit (a plain ValueError) or nesting past the decoder's depth
+    # (RecursionError) escaped as "Exceeds the limit (4300 digits) ..." / "maximum recursion depth", naming no row.
+    rows = [{"question": "q", "answer": "1"}, {"question": "q", "answer": "2", "tools": text}]
+    args = _args(prompt_data=_write_jsonl(tmp_path / "t.jsonl", rows))
+    with pytest.raises(ValueError, match=r"/t\.jsonl line 2: tools is a string but not valid JSON: "):
+        RolloutDataSource(args)
+
+
+def test_a_prompt_that_looks_like_json_messages_but_cannot_decode_stays_text(tmp_path):
+    # messages_from_json let the 4,300-digit ValueError escape: the data source failed naming no row.
+    prompt = '[{"role": "user", "content": "n", "x": ' + "9" * 5000 + "}]"
+    rows = [{"question": prompt, "answer": "1"}]
+    assert RolloutDataSource(_args(prompt_data=_write_jsonl(tmp_path / "p.jsonl", rows))).prompts[0].prompt == prompt
+
+
 def _model_dir(tmp_path, qwen3_tokenizer_dir, max_position_embeddings):
     """A checkpoint directory as the data source sees it: the real Qwen3 tokenizer and a config.json."""
     import shutil

@@ -192,6 +192,24 @@ async def test_search_tags_episode(tok, qwen3_tokenizer_dir, monkeypatch, tmp_pa
     assert await multi_turn.env_reward(None, out) == 1.0
 
 
+async def test_search_tags_prompt_offers_no_tool_call_function(tok, qwen3_tokenizer_dir, monkeypatch, tmp_path):
+    # The tags format reads <search>...</search>, but the env kept the qwen format's `search` function spec: a
+    # chat-message prompt was rendered with Qwen3's "# Tools ... <tool_call>" section, teaching the model a call
+    # format that this env answers with "invalid action".
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"contents": '"Paris"\nParis is the capital of France.'}) + "\n")
+    engine = ScriptedEngine(tok, ["<answer> Paris </answer>"])
+    install(monkeypatch, engine)
+    messages = [{"role": "user", "content": "What is the capital of France? Use <search>."}]
+    meta = {"env": "search", "env_kwargs": {"corpus_path": str(corpus)}}
+    out = await multi_turn.generate(
+        make_args(qwen3_tokenizer_dir), Sample(prompt=messages, label="Paris", metadata=meta, index=0), params()
+    )
+    expected = enc(tok, tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    assert engine.payloads[0]["input_ids"] == expected
+    assert out.metadata[CONVERSATION_KEY]["tools"] is None and out.reward == 1.0
+
+
 async def test_env_from_args_and_errors(tok, qwen3_tokenizer_dir, monkeypatch):
     install(monkeypatch, ScriptedEngine(tok, [FINAL_TURN]))
     sample = Sample(prompt=[{"role": "user", "content": "hi"}], index=0)
@@ -495,3 +513,22 @@ async def test_an_episode_cut_at_max_turns_is_marked_and_logged(tok, qwen3_token
     out = await multi_turn.generate(make_args(qwen3_tokenizer_dir, max_turns=2), calc_sample(), params())
     assert out.metadata["num_turns"] == 2 and "max_turns_reached" not in out.metadata  # the answer ended it
     assert "reached --max-turns" not in caplog.text
+
+
+async def test_env_tools_that_a_text_prompt_cannot_show_are_logged(tok, qwen3_tokenizer_dir, monkeypatch, caplog):
+    # --apply-chat-template renders a text prompt with the row's --tool-key tools only: with no tools column the
+    # calculator env's spec never reached the model, and nothing said so.
+    monkeypatch.setattr(multi_turn, "_num_text_prompts_without_env_tools", 0)
+    install(monkeypatch, ScriptedEngine(tok, [FINAL_TURN]))
+    text = Sample(prompt="What is 6*7?", metadata={"env": "calculator"}, index=5)
+    await multi_turn.generate(make_args(qwen3_tokenizer_dir), text, params())
+    assert (
+        "1 multi-turn episode(s) so far (sample 5) had a text prompt without the tools of env 'calculator', "
+        "['calculator'] (the row has no --tool-key 'tools' tools" in caplog.text
+    )
+    caplog.clear()
+    install(monkeypatch, ScriptedEngine(tok, [FINAL_TURN, FINAL_TURN]))
+    await multi_turn.generate(make_args(qwen3_tokenizer_dir), calc_sample(), params())  # messages: rendered with them
+    with_tools = Sample(prompt="p", metadata={"env": "calculator", "tools": CalculatorEnv.tool_specs}, index=6)
+    await multi_turn.generate(make_args(qwen3_tokenizer_dir), with_tools, params())  # the row's own tools
+    assert "had a text prompt without" not in caplog.text

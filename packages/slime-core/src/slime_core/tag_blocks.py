@@ -101,7 +101,9 @@ def _blocks(text: str, open_tag: str, close_tag: str, budget: int) -> Iterator[t
 def _is_json_object(body: str) -> bool:
     try:
         return isinstance(json.loads(body), dict)
-    except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the decoder's ~1,000 levels
+    # RecursionError: nested past the decoder's ~1,000 levels; ValueError: JSONDecodeError, or an integer past Python's
+    # 4,300-digit limit (a plain ValueError: it escaped every tool-call parser).
+    except (ValueError, RecursionError):
         return False
 
 

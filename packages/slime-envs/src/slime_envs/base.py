@@ -133,6 +133,9 @@ class ToolEnv:
     async def call_tool(self, call: ToolCall) -> str:
         """Runs one call; every failure of the call is returned as an `Error: ...` message.
 
+        A `CancelledError` the tool raises of its own (its episode is not being cancelled) is such a failure; the
+        episode's own cancellation propagates.
+
         Raises:
             TypeError: the tool returned something other than a str (its response text): a bug of the tool, named
                 here (it failed later as "sequence item 0: expected str instance, int found", naming no tool).
@@ -162,6 +165,14 @@ class ToolEnv:
                 self.tool_timeout_s,
             )
             return f"Error: tool '{call.name}' did not answer within {self.tool_timeout_s:g} s."
+        except asyncio.CancelledError as e:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the episode itself is being cancelled (the rollout aborts it): not the tool's failure
+            # The tool's own (an inner request something else cancelled): it escaped `step` as a BaseException and
+            # ended the sample as if the rollout had cancelled it.
+            logger.warning("tool %s failed: %r", call.name, e)
+            return f"Error: tool '{call.name}' failed: CancelledError"
         except self.infrastructure_errors:
             raise
         except Exception as e:  # a tool bug must not kill the rollout; the model sees the message

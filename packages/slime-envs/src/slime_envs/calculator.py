@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -137,7 +138,11 @@ def safe_eval(expression: str) -> int | float:
 
 
 class CalculatorEnv(ToolEnv):
-    """A `calculator` tool (`{"expression": "..."}`); a turn without tool calls is the final answer."""
+    """A `calculator` tool (`{"expression": "..."}`); a turn without tool calls is the final answer.
+
+    The tool answers the value as Python prints it, or `Error: ...` (`safe_eval`'s reasons; an integer result of
+    more digits than Python prints, 4,300 by default).
+    """
 
     tool_specs = [
         {
@@ -162,6 +167,11 @@ class CalculatorEnv(ToolEnv):
         if not isinstance(expression, str):
             return f"Error: 'expression' must be a string, got {type(expression).__name__}"
         try:
-            return str(safe_eval(expression))
+            value = safe_eval(expression)
         except ValueError as e:
             return f"Error: {e}"
+        try:
+            return str(value)
+        except ValueError:  # an int past Python's digit limit (within _MAX_BITS): its own advice means nothing here
+            limit = sys.get_int_max_str_digits()
+            return f"Error: the result has more than {limit} digits (limit {limit})"

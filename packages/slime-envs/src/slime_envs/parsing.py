@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from typing import Any
 
 from slime_core.lone_surrogates import first_lone_surrogate
@@ -27,6 +28,7 @@ from slime_core.tag_blocks import json_tag_blocks, tag_blocks, thinking_end
 __all__ = ["ParsedTurn", "ToolCall", "extract_answer", "parse_tag_action", "parse_tool_calls"]
 
 _TOO_DEEP = "invalid JSON in {what}: nested too deeply"
+_TOO_LONG = "invalid JSON in {what}: a number has more than {limit} digits"
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -83,6 +85,9 @@ def _parse_one_call(body: str) -> ToolCall | str:
         # json's decoder raises it past ~1,000 nested arrays or objects: 5,000 "[" (a few hundred tokens) in a
         # model turn failed the whole sample as a broken env instead of being shown to the model.
         return _TOO_DEEP.format(what="<tool_call>")
+    except ValueError:
+        # An integer past Python's digit limit (4,300): json raises a plain ValueError, which failed the sample.
+        return _TOO_LONG.format(what="<tool_call>", limit=sys.get_int_max_str_digits())
     if not isinstance(obj, dict):
         return f"<tool_call> must hold a JSON object with 'name' and 'arguments', got {type(obj).__name__}"
     if (where := _lone_surrogate(obj)) is not None:
@@ -99,6 +104,8 @@ def _parse_one_call(body: str) -> ToolCall | str:
             return f"'arguments' of tool '{name}' is a string that is not valid JSON: {e.msg}"
         except RecursionError:
             return _TOO_DEEP.format(what=f"'arguments' of tool '{name}'")
+        except ValueError:  # an integer past Python's digit limit
+            return _TOO_LONG.format(what=f"'arguments' of tool '{name}'", limit=sys.get_int_max_str_digits())
         if (where := _lone_surrogate(arguments, "arguments")) is not None:
             return where
     if not isinstance(arguments, dict):
@@ -115,8 +122,8 @@ def parse_tool_calls(text: str) -> ParsedTurn:
     Returns:
         The calls found after the turn's leading thinking (`<think>...</think>`, or all of an unclosed leading
         `<think>`: no call), an error per malformed block (bad JSON, JSON nested too deeply for the decoder,
-        a `\ud800` escape that decodes to half a surrogate pair, missing name, non-object arguments, an
-        unclosed `<tool_call>`), both also in the order written
+        a `\ud800` escape that decodes to half a surrogate pair, an integer past Python's 4,300-digit limit,
+        missing name, non-object arguments, an unclosed `<tool_call>`), both also in the order written
         (`blocks`), and the content of the last `<answer>` after the thinking, if present.
     """
     parsed = ParsedTurn()

@@ -196,7 +196,8 @@ class SearchEnv(ToolEnv):
         corpus_path: JSONL corpus for local BM25 (indexed once per process and path).
         retrieval_url: remote retriever endpoint (used instead of the corpus when given).
         topk: passages per search.
-        format: `"tags"` (Search-R1) or `"qwen"` (`<tool_call>` search tool).
+        format: `"tags"` (Search-R1; no `tool_specs`: the prompt describes the tags) or `"qwen"` (`<tool_call>`
+            search tool, offered to the chat template through `tool_specs`).
         reward: `"em"`, `"f1"` or `None` (no env reward).
         format_score: reward for a well-formed wrong answer (EM only).
         max_tool_calls: searches allowed per episode (`qwen` format).
@@ -254,6 +255,10 @@ class SearchEnv(ToolEnv):
         self.corpus_path, self.retrieval_url = corpus_path, retrieval_url
         self.topk, self.format, self.reward, self.format_score = topk, format, reward, format_score
         self.stop = ["</search>", "</answer>"] if format == "tags" else []
+        if format == "tags":
+            # The `search` function is the qwen format's: offered in tags format, the chat template taught the model
+            # a `<tool_call>` this env answers with "invalid action" (the prompt describes the tags instead).
+            self.tool_specs = []
         self.num_invalid = 0
         self.num_backend_errors = 0  # searches of this env whose retrieval failed (the model saw an error)
 

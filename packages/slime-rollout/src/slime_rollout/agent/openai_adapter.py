@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -341,6 +342,8 @@ class OpenAIAdapter:
             return _error(400, f"the body is not JSON: {e}")
         except RecursionError:  # json's decoder past ~1,000 nested levels
             return _error(400, "the body is not JSON: nested too deeply")
+        except ValueError:  # an integer past Python's digit limit: a plain ValueError, an HTTP 500
+            return _error(400, f"the body is not JSON: a number has more than {sys.get_int_max_str_digits()} digits")
         if (where := first_lone_surrogate(body, "body")) is not None:
             # A JSON "\ud800" escape decodes to half a surrogate pair: no tokenizer encodes it (an HTTP 500 later).
             return _error(400, f"{where} is half of a surrogate pair, not a character")

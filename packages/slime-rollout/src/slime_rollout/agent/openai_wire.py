@@ -17,6 +17,7 @@ import json
 import math
 import numbers
 import secrets
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -116,6 +117,11 @@ def _arguments(value: Any, where: str) -> dict[str, Any]:
             raise RequestError(f"{where}: arguments are not valid JSON ({e.msg})", where) from None
         except RecursionError:  # json's decoder past ~1,000 nested levels: a 400 naming the field, not a 500
             raise RequestError(f"{where}: arguments are not valid JSON (nested too deeply)", where) from None
+        except ValueError:  # an integer past Python's digit limit (a plain ValueError): a 400, not a 500
+            limit = sys.get_int_max_str_digits()
+            raise RequestError(
+                f"{where}: arguments are not valid JSON (a number has more than {limit} digits)", where
+            ) from None
     if not isinstance(value, Mapping):
         raise RequestError(f"{where}: arguments must be a JSON object", where)
     return dict(value)

@@ -61,9 +61,10 @@ class ParsedOutput:
 def _one_call(body: str) -> dict[str, Any] | None:
     try:
         obj = json.loads(body.strip())
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):
         # RecursionError: json's decoder past ~1,000 nested levels (5,000 "[" in a turn ended the agent's request
-        # as an HTTP 500 and lost the turn); too deep is ill-formed like any other bad JSON.
+        # as an HTTP 500 and lost the turn); ValueError: JSONDecodeError, or an integer past Python's 4,300-digit
+        # limit (the same HTTP 500). Either is ill-formed like any other bad JSON.
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
@@ -72,7 +73,7 @@ def _one_call(body: str) -> dict[str, Any] | None:
         # Some models write the arguments as a JSON string (OpenAI's wire shape).
         try:
             arguments = json.loads(arguments)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict) or first_lone_surrogate([obj["name"], arguments]) is not None:
         # A JSON "\ud800" escape is half a surrogate pair: the agent's echo of such a call cannot be tokenized.

@@ -51,7 +51,9 @@ def _maybe_json(value: Any, what: str, where: str) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
+            # ValueError: JSONDecodeError, or an integer past Python's 4,300-digit limit; RecursionError: nested past
+            # the decoder's ~1,000 levels. Both escaped naming no row.
             raise ValueError(f"{where}: {what} is a string but not valid JSON: {value[:80]!r}") from None
     return value
 
@@ -71,7 +73,7 @@ def messages_from_json(prompt: Any) -> list[dict[str, Any]] | None:
         return None
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or an integer past Python's digit limit
         return None
     is_messages = isinstance(value, list) and value and all(isinstance(m, dict) and m.keys() >= _MESSAGE for m in value)
     return value if is_messages else None

@@ -399,6 +399,32 @@ def _note_cut_at_max_turns(sample: Sample, max_turns: int) -> None:
         )
 
 
+_num_text_prompts_without_env_tools = 0  # episodes whose text prompt could not carry the env's tool_specs (for the log)
+
+
+def _note_env_tools_not_in_prompt(args: SlimeArgs, sample: Sample, env: Env) -> None:
+    """Logs (at the first and at each power of two) an episode whose env has `tool_specs` the prompt cannot show.
+
+    A text prompt is tokenized as it is: the env's specs reach the chat template only with a chat-message prompt or
+    the row's `--tool-key` column (`--apply-chat-template` renders that one). `--apply-chat-template --env-path python`
+    without a tools column gave the model a prompt that named no tool, and said nothing.
+    """
+    global _num_text_prompts_without_env_tools
+    _num_text_prompts_without_env_tools += 1
+    if _num_text_prompts_without_env_tools & (_num_text_prompts_without_env_tools - 1) == 0:
+        names = [spec.get("function", {}).get("name") for spec in env.tool_specs if isinstance(spec, Mapping)]
+        logger.warning(
+            "%d multi-turn episode(s) so far (sample %s) had a text prompt without the tools of env %r, %s (the "
+            "row has no --tool-key %r tools; --apply-chat-template renders only those): unless the prompt text "
+            "describes the tools itself, give the rows a tools column or chat-message prompts",
+            _num_text_prompts_without_env_tools,
+            sample.index,
+            _env_name(args, sample),
+            names,
+            args.tool_key,
+        )
+
+
 def _encode_within(tokenizer: Any, text: str, room: int) -> list[int]:
     """The ids of `text`, or, when they surely number `room` or more, the ids of a prefix of it that does.
 
@@ -472,6 +498,8 @@ async def generate(
     env = await build_env(args, sample)
     if not sample.tokens:
         sample.tokens = _prompt_ids(tokenizer, sample, env)
+    if isinstance(sample.prompt, str) and getattr(env, "tool_specs", None) and not sample.metadata.get("tools"):
+        _note_env_tools_not_in_prompt(args, sample, env)
     # The conversation as appended, for the chat-template conformance check (slime_rollout.generation.template_check).
     tools = sample.metadata.get("tools") or getattr(env, "tool_specs", None) or None
     sample.metadata[CONVERSATION_KEY] = {"tools": tools, "segments": []}
