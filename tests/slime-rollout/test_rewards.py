@@ -448,3 +448,43 @@ async def test_remote_rm_goes_straight_to_rm_url_and_bounds_each_attempt(monkeyp
         await runner.cleanup()
     assert out == {"score": 0.5}
     assert calls == [{"prompt": "p"}, {"prompt": "p"}]
+
+
+async def test_remote_rm_follows_a_redirect_with_the_request(monkeypatch):
+    # Issue 27 pass 60: a FastAPI reward model routed at "/score/" answers "--rm-url .../score" with 307 to the slashed
+    # path (as does an http -> https or moved-service redirect with 307/308). The original's aiohttp session follows
+    # it, re-posting the same JSON; httpx does not follow by default, so every attempt failed on the 307 and the run
+    # ended after ten retries with "answered HTTP 307 Temporary Redirect".
+    from aiohttp import web
+
+    from slime_rollout.rewards import remote
+
+    seen = []
+
+    async def moved(request):
+        raise web.HTTPTemporaryRedirect("/score/")
+
+    async def moved_for_good(request):
+        raise web.HTTPPermanentRedirect("/score/")
+
+    async def score(request):
+        seen.append(await request.json())
+        return web.json_response({"score": 0.5})
+
+    app = web.Application()
+    app.router.add_post("/score", moved)
+    app.router.add_post("/v1/score", moved_for_good)
+    app.router.add_post("/score/", score)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    monkeypatch.setattr(remote.remote_reward, "__kwdefaults__", {"max_retries": 2, "base_delay_s": 0.0})
+    try:
+        first = await remote.remote_reward(f"http://127.0.0.1:{port}/score", {"prompt": "p", "label": "1"})
+        second = await remote.remote_reward(f"http://127.0.0.1:{port}/v1/score", {"prompt": "q", "label": "2"})
+    finally:
+        await runner.cleanup()
+    assert (first, second) == ({"score": 0.5}, {"score": 0.5})
+    assert seen == [{"prompt": "p", "label": "1"}, {"prompt": "q", "label": "2"}]

@@ -5,7 +5,8 @@ POSTs `{"prompt", "response", "label"}` as JSON and returns the reply JSON as th
 
 As the original's `remote_rm` (an aiohttp session, whose default is `trust_env=False`), the request goes straight
 to `--rm-url`: `HTTP_PROXY`/`HTTPS_PROXY`/`ALL_PROXY` from the environment are not used (httpx's default would send a
-cluster-internal reward model through the user's proxy). Each attempt has at most 120 s (the original's total) to
+cluster-internal reward model through the user's proxy). Redirects are followed as aiohttp follows them (a 307/308
+re-posts the same JSON; httpx's default stopped at the 3xx and retried it until the run failed). Each attempt has at most 120 s (the original's total) to
 connect, send, wait and read; the whole call, retries included, is bounded by `--rm-timeout-secs`.
 
 A reply that is not JSON (a proxy's or gateway's HTML page sent with status 200) is retried like a failed request,
@@ -99,6 +100,8 @@ def _client() -> httpx.AsyncClient:
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
             timeout=httpx.Timeout(_ATTEMPT_S),
             trust_env=False,
+            # As aiohttp (the original's client): a 307/308 (FastAPI's "/score" -> "/score/") re-posts the JSON.
+            follow_redirects=True,
         )
         _clients[loop] = client
     return client
