@@ -6,8 +6,9 @@ POSTs `{"prompt", "response", "label"}` as JSON and returns the reply JSON as th
 As the original's `remote_rm` (an aiohttp session, whose default is `trust_env=False`), the request goes straight
 to `--rm-url`: `HTTP_PROXY`/`HTTPS_PROXY`/`ALL_PROXY` from the environment are not used (httpx's default would send a
 cluster-internal reward model through the user's proxy). Redirects are followed as aiohttp follows them (a 307/308
-re-posts the same JSON; httpx's default stopped at the 3xx and retried it until the run failed). Each attempt has at most 120 s (the original's total) to
-connect, send, wait and read; the whole call, retries included, is bounded by `--rm-timeout-secs`.
+re-posts the same JSON; httpx's default stopped at the 3xx and retried it until the run failed). Each attempt has at
+most 120 s (the original's total) to connect, send, wait and read; the whole call, retries included, is
+bounded by `--rm-timeout-secs`.
 
 A reply that is not JSON (a proxy's or gateway's HTML page sent with status 200) is retried like a failed request,
 as the original's (`aiohttp`'s `resp.json()` raises on it, and it retries every exception); the last one is
