@@ -488,3 +488,30 @@ async def test_remote_rm_follows_a_redirect_with_the_request(monkeypatch):
         await runner.cleanup()
     assert (first, second) == ({"score": 0.5}, {"score": 0.5})
     assert seen == [{"prompt": "p", "label": "1"}, {"prompt": "q", "label": "2"}]
+
+
+async def test_remote_rm_backoff_is_jittered_as_the_original(monkeypatch):
+    # Issue 27 pass 60: the original waits min(2**attempt, 30) + random.random() s between attempts; ours waited the
+    # bare 1, 2, 4, ... s, so the hundreds of samples of a rollout that met one RM outage all retried in the same
+    # instant, again and again, hitting the recovering service with the whole burst each time.
+    import httpx
+
+    from slime_rollout.rewards import remote
+
+    replies = iter([503, 503, 503, 200])
+
+    def handler(request):
+        status = next(replies)
+        return httpx.Response(status, json={"score": 1.0} if status == 200 else None)
+
+    waits = []
+
+    async def sleep(seconds):
+        waits.append(seconds)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    monkeypatch.setattr(remote, "_client", lambda: client)
+    monkeypatch.setattr(remote.asyncio, "sleep", sleep)
+    monkeypatch.setattr(remote.random, "random", lambda: 0.25)
+    assert await remote.remote_reward("http://rm/score", {"prompt": "p"}) == {"score": 1.0}
+    assert waits == [1.25, 2.25, 4.25]

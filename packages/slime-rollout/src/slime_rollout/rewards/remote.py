@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import weakref
 from typing import Any
 
@@ -117,7 +118,8 @@ async def remote_reward(
         url: the `--rm-url` endpoint.
         payload: `{"prompt": str, "response": str, "label": Any}`.
         max_retries: attempts before giving up.
-        base_delay_s: first backoff delay; doubles per attempt, capped at 30 s.
+        base_delay_s: first backoff delay; doubles per attempt, capped at 30 s; each wait adds a random
+            `[0, base_delay_s)` (the original's `+ random.random()`).
 
     Raises:
         ValueError: if `url` is empty.
@@ -145,9 +147,12 @@ async def remote_reward(
                 raise ServiceError(_failed(e.response, url, max_retries)) from e
             if attempt == max_retries:
                 raise
+            # Jittered as the original's (+ up to one base delay): a rollout's samples that met one outage do not
+            # all retry in the same instant.
+            wait = delay + random.random() * base_delay_s
             logger.warning(
-                "remote RM %s failed (attempt %d/%d): %s; retrying in %.1fs", url, attempt, max_retries, e, delay
+                "remote RM %s failed (attempt %d/%d): %s; retrying in %.1fs", url, attempt, max_retries, e, wait
             )
-            await asyncio.sleep(delay)
+            await asyncio.sleep(wait)
             delay = min(delay * 2, _MAX_BACKOFF_S)
     raise AssertionError("unreachable")
