@@ -223,3 +223,16 @@ def test_top_p_kept_vocab_per_token_counts_trainable_positions():
     assert got["rollout/top_p_kept_vocab_per_token"] == pytest.approx((3 + 4 + 1 + 1) / 4, abs=1e-12)
     plain = compute_rollout_metrics(_args(), [[_sample(0, 1.0)]], rollout_time=1.0)  # no top-p replay
     assert "rollout/top_p_kept_vocab_per_token" not in plain
+
+
+@pytest.mark.parametrize("value", [None, "n/a", float("nan"), {"score": 1.0}])
+def test_a_bad_metadata_raw_reward_names_the_sample(value):
+    # Issue 27 pass 60: a plugin's `metadata["raw_reward"]` (the original's override of the logged raw reward) went
+    # through a bare float(): None and "n/a" failed as "float() argument must be ..." naming no sample, and NaN was
+    # logged as rollout/raw_reward nan and trained on as the raw reward.
+    s = _sample(7, 1.0)
+    s.metadata["raw_reward"] = value
+    with pytest.raises(ValueError, match=r"sample 7: metadata\['raw_reward'\] is .*not a finite number"):
+        compute_rollout_metrics(_args(), [[s]], rollout_time=1.0)
+    s.metadata["raw_reward"] = 0.25
+    assert compute_rollout_metrics(_args(), [[s]], rollout_time=1.0)["rollout/raw_reward"] == 0.25

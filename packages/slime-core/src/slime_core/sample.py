@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -255,6 +256,27 @@ class Sample:
                 f"sample {self.index}: its {what} is {type(value).__name__} {preview(value, 60)}, not a number"
             )
         return float(value)
+
+    def metadata_raw_reward(self) -> float | None:
+        """`metadata["raw_reward"]` as a float (a plugin's override of the logged raw reward), or None without one.
+
+        Raises:
+            ValueError: it is not a finite real number (None, a string, a dict, NaN), naming the sample; a bare
+                `float()` failed naming neither, and NaN was logged and trained on as the raw reward.
+        """
+        if "raw_reward" not in self.metadata:
+            return None
+        value = self.metadata["raw_reward"]
+        try:
+            number = float(value) if isinstance(value, numbers.Real) or getattr(value, "ndim", None) == 0 else math.nan
+        except (TypeError, ValueError, OverflowError):  # a 0-d array of text, an int past float range
+            number = math.nan
+        if not math.isfinite(number):
+            raise ValueError(
+                f"sample {self.index}: metadata['raw_reward'] is {type(value).__name__} {preview(value, 60)}, "
+                "not a finite number"
+            )
+        return number
 
     def unsupported_fields(self) -> list[str]:
         """Names of the original fields this sample sets that this version cannot train with (none left).

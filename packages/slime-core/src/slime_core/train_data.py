@@ -448,7 +448,7 @@ def build_rollout_batches(
         raise ValueError(f"build_rollout_batches: {lengths} for {len(ordered)} samples")
     else:
         raw, rewards = list(rewards[0]), list(rewards[1])
-    raw = [float(s.metadata.get("raw_reward", r)) for s, r in zip(ordered, raw, strict=True)]
+    raw = [r if (m := s.metadata_raw_reward()) is None else m for s, r in zip(ordered, raw, strict=True)]
     masks = [_loss_mask(s) for s in ordered]
     denominators = loss_denominators(ordered)
 

@@ -78,9 +78,8 @@ def flatten_groups(groups: Any, what: str = "the rollout", where: str = "groups"
 
 def reward_value(sample: Sample, reward_key: str | None) -> float:
     """The scalar raw reward (`metadata["raw_reward"]` wins, as in the original)."""
-    if "raw_reward" in sample.metadata:
-        return float(sample.metadata["raw_reward"])
-    return sample.get_reward_value(reward_key)
+    override = sample.metadata_raw_reward()
+    return override if override is not None else sample.get_reward_value(reward_key)
 
 
 def has_repetition(text: str) -> bool:
