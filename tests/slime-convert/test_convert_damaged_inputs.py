@@ -316,3 +316,34 @@ def test_fsdp_to_hf_refuses_an_adapter_that_does_not_fit_its_flags_or_origin(tin
     assert main([*argv, "--origin-hf-dir", str(hf_dir)]) == 2
     assert "model.layers.0.self_attn.v_proj: not one of --lora-target-modules ['q_proj']" in caplog.text
     assert not (tmp_path / "p").exists()
+
+
+def test_a_folder_of_bin_files_only_names_them_and_the_fix(tiny_hf_model, tmp_path, caplog):
+    _, hf_dir = tiny_hf_model("qwen3")
+    pickled = tmp_path / "bin"
+    pickled.mkdir()
+    shutil.copy(hf_dir / "config.json", pickled)
+    state = {}
+    for shard in sorted(hf_dir.glob("*.safetensors")):
+        state.update(load_file(shard))
+    torch.save(state, pickled / "pytorch_model.bin")
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(pickled), "--save", str(tmp_path / "m"), "--no-progress"]
+    assert main(argv) == 2
+    # Was only "no model.safetensors.index.json or *.safetensors in <dir>", as if the folder were the wrong one.
+    assert "['pytorch_model.bin'] (PyTorch pickles): re-save them as safetensors" in caplog.text
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_quantized_checkpoint_is_named_as_one(tiny_hf_model, tmp_path, caplog):
+    from slime_convert.fp8 import hf_to_fp8
+
+    _, hf_dir = tiny_hf_model("qwen3")
+    hf_to_fp8(hf_dir, tmp_path / "fp8", progress=False)
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(tmp_path / "fp8"), "--save", str(tmp_path / "m"), "--no-progress"]
+    assert main(argv) == 2
+    # Was "... tensors that config.json does not describe would be dropped: ...weight_scale_inv ... A layer count or
+    # another field is wrong in config.json", pointing at the wrong cause.
+    assert f"{tmp_path / 'fp8' / 'config.json'}: a quantized checkpoint (quantization_config.quant_method='fp8')" in (
+        caplog.text
+    )
+    assert "weight_scale_inv" not in caplog.text and not (tmp_path / "m").exists()

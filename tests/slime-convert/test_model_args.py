@@ -166,3 +166,22 @@ def test_glm4_flags_match_the_original_glm4_9b_script():
     moved = {k: v for k, v in config.items() if k != "partial_rotary_factor"}
     moved["rope_parameters"] = {"rope_theta": 10000.0, "partial_rotary_factor": 0.25}
     assert ModelArgs.from_hf_config(moved).rotary_percent == 0.25
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "llama", "qwen3_moe", "glm4"])
+def test_a_field_config_json_leaves_out_takes_transformers_default(model_type):
+    transformers = pytest.importorskip("transformers")
+    # A trimmed config.json: only what the shapes need. HF fills the rest from its config class's defaults.
+    trimmed = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 300, "intermediate_size": 96}  # fmt: skip
+    if model_type == "qwen3_moe":
+        trimmed.update(num_experts=4, moe_intermediate_size=32, num_experts_per_tok=2)
+    hf = transformers.AutoConfig.for_model(**trimmed)
+    args = ModelArgs.from_hf_config(trimmed)
+    # Was 1e-6 for glm4 (HF: 1.5625e-07), renormalized top-k and no aux loss for qwen3_moe (HF: neither),
+    # and 4096 positions for every family.
+    assert args.norm_epsilon == hf.rms_norm_eps
+    assert args.max_position_embeddings == hf.max_position_embeddings
+    if model_type == "qwen3_moe":
+        assert args.moe_router_pre_softmax == (not hf.norm_topk_prob)
+        assert args.moe_aux_loss_coeff == hf.router_aux_loss_coef

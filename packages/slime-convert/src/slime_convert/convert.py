@@ -89,6 +89,21 @@ def _warn_nonfinite(where: str | os.PathLike[str], nonfinite: set[str]) -> None:
         logger.warning("%s: %d tensors hold NaN or inf (converted as they are): %s", where, len(names), names[:3])
 
 
+def _refuse_quantized(config_path: pathlib.Path) -> None:
+    """Names a quantized HF checkpoint (an FP8 rollout one), whose scale tensors no Megatron weight holds.
+
+    Raises:
+        ValueError: `config.json` has a `quantization_config`.
+    """
+    quant = json.loads(config_path.read_text()).get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise ValueError(
+            f"{config_path}: a quantized checkpoint (quantization_config.quant_method={method!r}); hf-to-mcore "
+            "converts unquantized weights: give it the BF16 checkpoint the quantized one was made from"
+        )
+
+
 def hf_to_mcore(
     hf_dir: str | os.PathLike[str],
     save_dir: str | os.PathLike[str],
@@ -115,15 +130,17 @@ def hf_to_mcore(
         The written iteration directory.
 
     Raises:
-        ValueError: bad TP/PP, unsupported model, a missing HF tensor (named), a tensor whose shape is not the
-            one config.json implies (`slime_convert.shapes.check_hf_shapes`), or a tensor config.json does not
-            describe (an extra layer; a tied model's `lm_head.weight` other than the embedding) that would be dropped
-            (`slime_convert.shapes.check_hf_unused`); all checked before anything is written.
+        ValueError: bad TP/PP, unsupported model, a quantized checkpoint (FP8), a missing HF tensor (named), a
+            tensor whose shape is not the one config.json implies (`slime_convert.shapes.check_hf_shapes`), or a
+            tensor config.json does not describe (an extra layer; a tied model's `lm_head.weight` other than the
+            embedding) that would be dropped (`slime_convert.shapes.check_hf_unused`); all checked before anything
+            is written.
         FileExistsError: `<save_dir>/release` exists (published: the tracker names it), or `save_dir` holds a
             tracker naming a training iteration.
         slime_core.dir_swap.ReplaceRefused: `<save_dir>.tmp` or `<save_dir>.old` is in the way and not slime's.
     """
     args = ModelArgs.from_hf_dir(hf_dir)
+    _refuse_quantized(pathlib.Path(hf_dir) / "config.json")
     if tensor_model_parallel_size < 1 or pipeline_model_parallel_size < 1:
         raise ValueError(f"--tp and --pp must be ≥ 1, got {tensor_model_parallel_size}, {pipeline_model_parallel_size}")
     if pipeline_model_parallel_size > args.num_layers:

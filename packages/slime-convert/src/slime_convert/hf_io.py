@@ -77,7 +77,14 @@ class HFCheckpointReader:
         else:
             files = sorted(self.dir.glob("*.safetensors"))
             if not files:
-                raise FileNotFoundError(f"no {INDEX_NAME} or *.safetensors in {self.dir}")
+                pickles = sorted(p.name for p in self.dir.glob("*.bin"))
+                hint = (  # the original's conversion read safetensors only too; a pickle is not loaded here
+                    f"; it holds {pickles[:3]} (PyTorch pickles): re-save them as safetensors first, e.g. "
+                    "AutoModelForCausalLM.from_pretrained(dir).save_pretrained(out, safe_serialization=True)"
+                    if pickles
+                    else ""
+                )
+                raise FileNotFoundError(f"no {INDEX_NAME} or *.safetensors in {self.dir}{hint}")
             for path in files:
                 for name in self._open(path).keys():  # type: ignore[attr-defined]  # noqa: SIM118
                     if name in self._where:  # the later file silently won (a left-over shard of an older save)

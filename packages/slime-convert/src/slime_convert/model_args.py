@@ -78,6 +78,19 @@ def _llama3_rope_factor(config: dict[str, Any]) -> float | None:
     return float(rope["factor"])
 
 
+# What transformers' config class of each family assumes for a field config.json leaves out (`Qwen3MoeConfig`,
+# `Glm4Config`, ...): a trimmed config.json then describes the same model to HF and to Megatron.
+_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "qwen2": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6},
+    "qwen3": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6},
+    "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6},
+    "qwen3_moe": {
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "norm_topk_prob": False, "router_aux_loss_coef": 0.001
+    },
+    "glm4": {"max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07},
+}  # fmt: skip
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ModelArgs:
     """Architecture of a decoder-only model, in Megatron terms.
@@ -185,7 +198,8 @@ class ModelArgs:
         """Derives the architecture from a parsed HF `config.json`.
 
         Args:
-            config: the JSON object (e.g. `json.load(open("config.json"))` or `PretrainedConfig.to_dict()`).
+            config: the JSON object (e.g. `json.load(open("config.json"))` or `PretrainedConfig.to_dict()`); a field
+                it leaves out takes the default of the family's transformers config class (`_HF_DEFAULTS`).
 
         Returns:
             The model arguments.
@@ -199,6 +213,9 @@ class ModelArgs:
             raise ValueError(
                 f"model_type={model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
+
+        defaults = _HF_DEFAULTS[model_type]
+        config = {**defaults, **{k: v for k, v in config.items() if v is not None or k not in defaults}}
 
         def need(key: str) -> Any:
             if config.get(key) is None:
@@ -235,8 +252,8 @@ class ModelArgs:
                 "num_experts": int(config.get("num_experts") or need("num_local_experts")),
                 "moe_ffn_hidden_size": int(need("moe_intermediate_size")),
                 "moe_router_topk": int(need("num_experts_per_tok")),
-                "moe_router_pre_softmax": not bool(config.get("norm_topk_prob", True)),
-                "moe_aux_loss_coeff": float(config.get("router_aux_loss_coef", 0.0)),
+                "moe_router_pre_softmax": not bool(config["norm_topk_prob"]),
+                "moe_aux_loss_coeff": float(config["router_aux_loss_coef"]),
             }
         return cls(
             model_type=model_type,
@@ -251,8 +268,8 @@ class ModelArgs:
             num_query_groups=num_groups,
             kv_channels=head_dim,
             vocab_size=int(need("vocab_size")),
-            max_position_embeddings=int(config.get("max_position_embeddings") or 4096),
-            norm_epsilon=float(config.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(config["max_position_embeddings"]),
+            norm_epsilon=float(config["rms_norm_eps"]),
             rotary_base=rotary_base,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             add_qkv_bias=model_type == "qwen2" or (glm4 and bool(config.get("attention_bias", True))),
