@@ -148,16 +148,22 @@ def test_preflight_notes_say_the_ref_load_is_the_trainers_start_with_fp8(tmp_pat
     assert any(n.startswith(f"--ref-load {bf16_dir}: hf") for n in notes)
 
 
+def _one_weight_bf16(tmp_path, shape: tuple[int, int]):
+    """A qwen3 HF folder holding one bf16 MLP weight of `shape`: what the FP8 block checks read."""
+    bf16 = tmp_path / "bf16"
+    bf16.mkdir()
+    (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    weight = torch.randn(*shape, dtype=torch.bfloat16)
+    save_file({"model.layers.0.mlp.up_proj.weight": weight}, str(bf16 / "model.safetensors"))
+    return bf16
+
+
 def test_preflight_refuses_fp8_weights_with_a_partial_column_block(tmp_path):
     # qwen3-tiny (hidden 16) quantized with 128 x 128 blocks: the engine's /weights_checker failed with HTTP 500
     # at the first weight sync; now the preflight names the weight and the fix.
     from slime_convert.fp8 import hf_to_fp8
 
-    bf16 = tmp_path / "bf16"
-    bf16.mkdir()
-    (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
-    save_file({"model.layers.0.mlp.up_proj.weight": torch.randn(64, 16, dtype=torch.bfloat16)},
-              str(bf16 / "model.safetensors"))  # fmt: skip
+    bf16 = _one_weight_bf16(tmp_path, (64, 16))
     hf_to_fp8(bf16, tmp_path / "fp8_128", block_size=(128, 128), progress=False)
     with pytest.raises(ValueError, match=r"128-column block \(first: model.layers.0.mlp.up_proj.weight \[64, 16\]\)"):
         check_fp8_rollout(_cfg(hf_checkpoint=str(tmp_path / "fp8_128"), ref_load=str(bf16), use_tis=True))
@@ -174,11 +180,7 @@ def test_preflight_refuses_a_non_square_fp8_block_while_the_weight_check_is_on(t
     from slime_convert.fp8 import hf_to_fp8
     from slime_rollout.engines.weight_checksum import sglang_fp8_comparable
 
-    bf16 = tmp_path / "bf16"
-    bf16.mkdir()
-    (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
-    save_file({"model.layers.0.mlp.up_proj.weight": torch.randn(64, 32, dtype=torch.bfloat16)},
-              str(bf16 / "model.safetensors"))  # fmt: skip
+    bf16 = _one_weight_bf16(tmp_path, (64, 32))
     hf_to_fp8(bf16, tmp_path / "fp8_32x16", block_size=(32, 16), progress=False)
     q, s = quantize_blockwise(torch.randn(64, 32), (32, 16))
     with pytest.raises(ValueError, match="cover 32 rows"):

@@ -411,7 +411,7 @@ async def test_remote_rm_server_errors_end_with_the_services_last_reply(monkeypa
     )
 
 
-async def test_remote_rm_goes_straight_to_rm_url_and_bounds_each_attempt(monkeypatch):
+async def test_remote_rm_goes_straight_to_rm_url_and_bounds_each_attempt(monkeypatch, http_server):
     # Issue 27 leftover: httpx trusts HTTP(S)_PROXY/ALL_PROXY by default, so a cluster-internal reward model was
     # called through the user's proxy (here a dead one: every attempt failed); the original's aiohttp session does
     # not read the environment. An attempt whose reply never comes is cut at the attempt deadline and retried.
@@ -429,28 +429,19 @@ async def test_remote_rm_goes_straight_to_rm_url_and_bounds_each_attempt(monkeyp
             await asyncio.sleep(3)  # the first reply does not come within the 0.5 s attempt
         return web.json_response({"score": 0.5})
 
-    app = web.Application()
-    app.router.add_post("/score", score)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    url = await http_server(score)
     dead_proxy = "http://127.0.0.1:9"  # discard port: nothing listens
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.setenv(name, dead_proxy)
     for name in ("NO_PROXY", "no_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(remote, "_ATTEMPT_S", 0.5)
-    try:
-        out = await remote.remote_reward(f"http://127.0.0.1:{port}/score", {"prompt": "p"}, base_delay_s=0.0)
-    finally:
-        await runner.cleanup()
+    out = await remote.remote_reward(f"{url}/score", {"prompt": "p"}, base_delay_s=0.0)
     assert out == {"score": 0.5}
     assert calls == [{"prompt": "p"}, {"prompt": "p"}]
 
 
-async def test_remote_rm_follows_a_redirect_with_the_request(monkeypatch):
+async def test_remote_rm_follows_a_redirect_with_the_request(monkeypatch, http_server):
     # Issue 27 pass 60: a FastAPI reward model routed at "/score/" answers "--rm-url .../score" with 307 to the slashed
     # path (as does an http -> https or moved-service redirect with 307/308). The original's aiohttp session follows
     # it, re-posting the same JSON; httpx does not follow by default, so every attempt failed on the 307 and the run
@@ -461,31 +452,18 @@ async def test_remote_rm_follows_a_redirect_with_the_request(monkeypatch):
 
     seen = []
 
-    async def moved(request):
-        raise web.HTTPTemporaryRedirect("/score/")
-
-    async def moved_for_good(request):
-        raise web.HTTPPermanentRedirect("/score/")
-
-    async def score(request):
+    async def route(request):
+        if request.path == "/score":
+            raise web.HTTPTemporaryRedirect("/score/")
+        if request.path == "/v1/score":
+            raise web.HTTPPermanentRedirect("/score/")
         seen.append(await request.json())
         return web.json_response({"score": 0.5})
 
-    app = web.Application()
-    app.router.add_post("/score", moved)
-    app.router.add_post("/v1/score", moved_for_good)
-    app.router.add_post("/score/", score)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    url = await http_server(route)
     monkeypatch.setattr(remote.remote_reward, "__kwdefaults__", {"max_retries": 2, "base_delay_s": 0.0})
-    try:
-        first = await remote.remote_reward(f"http://127.0.0.1:{port}/score", {"prompt": "p", "label": "1"})
-        second = await remote.remote_reward(f"http://127.0.0.1:{port}/v1/score", {"prompt": "q", "label": "2"})
-    finally:
-        await runner.cleanup()
+    first = await remote.remote_reward(f"{url}/score", {"prompt": "p", "label": "1"})
+    second = await remote.remote_reward(f"{url}/v1/score", {"prompt": "q", "label": "2"})
     assert (first, second) == ({"score": 0.5}, {"score": 0.5})
     assert seen == [{"prompt": "p", "label": "1"}, {"prompt": "q", "label": "2"}]
 
