@@ -32,7 +32,7 @@ def _engine(name, state, log):
     return handler
 
 
-def _monitor(client, restarts, restored, *, alive=None, restart=None):
+def _monitor(client, restarts, restored, *, alive=None, restart=None, timeout_s=0.3):
     def default_restart(index):
         restarts.append(index)
         return client.engines[index].url
@@ -43,7 +43,7 @@ def _monitor(client, restarts, restored, *, alive=None, restart=None):
     monitor = HealthMonitor(
         client.pool,
         interval_s=0.2,
-        timeout_s=0.3,
+        timeout_s=timeout_s,
         is_alive=alive,
         restart=restart or default_restart,
         make_client=EngineClient,
@@ -65,7 +65,9 @@ async def test_a_hung_engine_is_restarted_and_its_in_flight_requests_are_generat
         states[index]["hung"] = False
         return urls[index]
 
-    monitor = _monitor(client, restarts, restored, restart=restart)
+    # A probe of the healthy engine that took over 0.3 s under CI load (two e2e runs beside it) judged it hung too,
+    # and its in-flight requests were generated twice; 2 s leaves the hung verdict to the engine that is hung.
+    monitor = _monitor(client, restarts, restored, restart=restart, timeout_s=2.0)
     states[1]["hung"] = True  # e1 freezes; about half the requests are already on it
     replies = await asyncio.wait_for(asyncio.gather(*(client.generate({"id": i}) for i in range(40))), 30)
     await monitor.stop()

@@ -5,9 +5,7 @@ original may import these by name. Each keeps the original's signature and runs 
 gives the built-in loss's numbers (same values as the original's to fp32 rounding, except where MIGRATION.md
 "Numbers that differ" says: a log-ratio is clamped to ±20 before `exp`, a masked token never makes a sequence NaN).
 
-Not carried: `compute_opsm_mask`, `get_reinforce_plus_plus_returns`, `get_advantages_and_returns_batch` and
-`calculate_log_probs_and_entropy` read Megatron's context- and tensor-parallel groups (the built-in loss does what
-they do: `--use-opsm`, `--advantage-estimator reinforce_plus_plus|ppo`).
+Not carried: the functions that read Megatron's parallel groups (`_NOT_CARRIED`, each naming what does its work).
 
 Legend: `T` concatenated response tokens, `B` rows, `L` padded row length; tensors float32.
 """
