@@ -330,8 +330,8 @@ def _top_p_tensors(cfg: SlimeArgs, samples: Sequence[Sample]):
     return ids, offsets
 
 
-def check_finite_log_probs(samples: Sequence[Sample], log_probs: Sequence[torch.Tensor], what: str) -> None:
-    """Checks that every per-token log-prob a sample carries is a finite number.
+def check_finite_log_probs(samples: Sequence[Sample], log_probs: Sequence[torch.Tensor]) -> None:
+    """Checks that every `rollout_log_probs` value a sample carries is a finite number.
 
     The engine's replies are checked where they are parsed (`slime_rollout.generation.engine_reply`) and a generate
     function's or sample hook's samples where it hands them over (`slime_rollout.generation.plugin_values`, naming
@@ -344,7 +344,6 @@ def check_finite_log_probs(samples: Sequence[Sample], log_probs: Sequence[torch.
     Args:
         samples: the samples, in the order of `log_probs`.
         log_probs: `[L_i]` float32 of each sample.
-        what: the field's name in the message (`rollout_log_probs`).
 
     Raises:
         ValueError: the first sample holding a non-finite value, with the value and its response position.
@@ -354,8 +353,9 @@ def check_finite_log_probs(samples: Sequence[Sample], log_probs: Sequence[torch.
         if bool(bad.any()):
             position = int(bad.nonzero()[0, 0])
             raise ValueError(
-                f"sample {sample.index}: {what}[{position}] is {float(values[position])}, not a finite log-prob "
-                f"({int(bad.sum())} of {values.numel()} are not); a generate function that sets {what} must give a "
+                f"sample {sample.index}: rollout_log_probs[{position}] is {float(values[position])}, not a finite "
+                f"log-prob ({int(bad.sum())} of {values.numel()} are not); a generate function that sets "
+                "rollout_log_probs must give a "
                 "finite natural-log probability for every trainable token and 0.0 for the others"
             )
 
@@ -469,7 +469,7 @@ def build_rollout_batches(
     masks_t = [torch.tensor(m, dtype=torch.float32) for m in masks]
     logp_t = None if lp_lists[0] is None else [torch.tensor(lp, dtype=torch.float32) for lp in lp_lists]
     if logp_t is not None:
-        check_finite_log_probs(ordered, logp_t, "rollout_log_probs")
+        check_finite_log_probs(ordered, logp_t)
     # Vision tensors travel only when some sample has images; text-only batches keep the field None.
     with_mm = any(s.multimodal_train_inputs is not None for s in ordered)
     teacher_t = _teacher_log_probs(cfg, ordered)
