@@ -189,6 +189,20 @@ async def test_a_call_to_a_tool_the_request_did_not_offer_is_text(make):
     assert s.metadata["agent"]["turns"][0]["ill_formed_tool_calls"] == 1
 
 
+async def test_tool_choice_none_leaves_the_tools_out_of_the_prompt(tok, make):
+    # SGLang's chat serving renders no tools for tool_choice "none" (and parses no call): the model is not shown
+    # tools it may not call. The prompt must be the one of the same request without tools.
+    turn = block("6*7") + "<|im_end|>"
+    adapter, engine, agent = await make([turn, turn])
+    reply = await agent.chat.completions.create(model="m", messages=USER, tools=[CALC], tool_choice="none")
+    assert reply.choices[0].message.tool_calls is None
+    await agent.chat.completions.create(model="m", messages=USER)
+    with_none, without = (p["input_ids"] for p in engine.payloads)
+    assert with_none == without
+    assert tok.decode(with_none) == tok.apply_chat_template(USER, tokenize=False, add_generation_prompt=True)
+    assert "calc" not in tok.decode(with_none)
+
+
 async def test_shutdown_session_closes_to_calls_and_keeps_the_episode(make):
     # The original's public shutdown_session (close + drain, records kept for finish_session) was missing here.
     adapter, engine, agent = await make(["a<|im_end|>", "b<|im_end|>"])

@@ -352,6 +352,8 @@ def parse_request(body: Any) -> ChatRequest:
     if messages[-1]["role"] == "assistant":
         raise RequestError("the last message is an assistant message: continuing it is not supported", "messages")
     tools = _tools(body.get("tools"))
+    if body.get("tool_choice") == "none":
+        tools = None  # as SGLang's chat serving: the prompt shows no tool the model may not call, none is parsed
     sampling = _sampling(body)
     max_tokens = _max_tokens(body)
     stop = body.get("stop") or []
@@ -365,7 +367,7 @@ def parse_request(body: Any) -> ChatRequest:
         messages=messages,
         keys=[match_key(m) for m in messages],
         tools=tools,
-        parse_tools=tools is not None and body.get("tool_choice") != "none",
+        parse_tools=tools is not None,
         sampling=sampling,
         max_tokens=max_tokens,
         stop=[s for s in stop if s],
