@@ -303,3 +303,14 @@ async def test_eval_scores_are_the_rewards_not_the_training_curves_raw_reward(on
                  custom_generate_function_path=f"{__name__}.answer_a")  # fmt: skip
     out = await eval_rollout_async(args, 0)
     assert out.data["toy"]["rewards"] == [0.5] and out.metrics["eval/toy"] == 0.5
+
+
+def test_an_eval_dataset_name_with_a_slash_is_refused_naming_where_it_came_from(tmp_path):
+    # `eval/a/b/response_len/mean` read back as statistic "b/response_len/mean" of a dataset "a" (summary, curve).
+    with pytest.raises(ValueError, match=r"^--eval-prompt-data: eval dataset name 'math/gsm8k' contains '/'"):
+        eval_datasets(_args(eval_prompt_data=["math/gsm8k", "d.jsonl"]))
+    config = tmp_path / "eval.yaml"
+    config.write_text("eval:\n  datasets:\n    - {name: a/b, path: d.jsonl}\n")
+    with pytest.raises(ValueError, match=rf"^--eval-config {re.escape(str(config))}: eval dataset name 'a/b'"):
+        eval_datasets(_args(eval_config=str(config)))
+    assert [d["name"] for d in eval_datasets(_args(eval_prompt_data=["math-gsm8k", "d.jsonl"]))] == ["math-gsm8k"]

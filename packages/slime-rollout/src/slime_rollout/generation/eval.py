@@ -185,9 +185,10 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
         `rm_type_given` (the dataset's `rm_type` came from `--eval-config`, so it overrides the rows' own).
 
     Raises:
-        ValueError: odd `--eval-prompt-data`, duplicate names, a malformed `--eval-config` (or one without
-            datasets, when `--eval-prompt-data` gives none either), or a dataset that nothing gives a response length
-            (its `max_response_len`, `eval.defaults`', `--eval-max-response-len`, `--rollout-max-response-len`).
+        ValueError: odd `--eval-prompt-data`, duplicate names or one holding '/', a malformed `--eval-config` (or
+            one without datasets, when `--eval-prompt-data` gives none either), or a dataset that nothing gives a
+            response length (its `max_response_len`, `eval.defaults`', `--eval-max-response-len`,
+            `--rollout-max-response-len`).
     """
     spec = list(cfg.eval_prompt_data or [])
     if len(spec) % 2:
@@ -206,6 +207,13 @@ def eval_datasets(cfg: SlimeArgs) -> list[dict[str, Any]]:
     names = [e["name"] for e in entries]
     if len(set(names)) != len(names):
         raise ValueError(f"eval datasets: duplicate names in {names}")
+    for entry in entries:
+        # `eval/{name}/response_len/mean` is read back as dataset `name`'s statistic (the summary, the curve): a
+        # slash would make "a/b" look like statistic "b" of a dataset "a".
+        if "/" in str(entry["name"]):
+            where = "--eval-prompt-data" if any(entry is e for e in from_flag) else f"--eval-config {cfg.eval_config}"
+            raise ValueError(f"{where}: eval dataset name {entry['name']!r} contains '/', which metric names use "
+                             "as a separator (eval/<name>/...): use e.g. '-' or '_'")  # fmt: skip
 
     flags = {
         "rm_type": cfg.rm_type,
