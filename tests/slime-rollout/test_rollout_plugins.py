@@ -517,6 +517,30 @@ async def test_each_sample_of_a_group_gets_its_own_sampling_params_even_with_a_s
     assert BUDGETS == [5, 5, 5] and params == {"max_new_tokens": 8, "sampling_seed": 11}
 
 
+def self_rewarding_generate(args, sample, sampling_params):
+    sample = _generate_without_evaluation(args, sample, sampling_params)
+    sample.reward = 5.0  # e.g. a generate function that scores its own turns
+    return sample
+
+
+def rank_group_reward(args, samples):
+    return [float(i) for i, _ in enumerate(samples)]
+
+
+async def test_group_rm_scores_a_group_even_when_its_generate_function_set_rewards():
+    # As the original's generate_and_rm_group: --group-rm scores the whole group after generation, whatever the
+    # samples carry. A group whose samples all held a reward kept them here, so the group RM never ran.
+    from slime_core.sample import Sample
+    from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm_group
+
+    args = _args(custom_generate_function_path=f"{__name__}.self_rewarding_generate", n_samples_per_prompt=3,
+                 custom_rm_path=f"{__name__}.rank_group_reward", group_rm=True)  # fmt: skip
+    state = RolloutState.create(args, rollout_id=0)
+    group = [Sample(prompt="p", tokens=[0], group_index=0, index=j) for j in range(3)]
+    results = await generate_and_rm_group(args, group, state, {"max_new_tokens": 8})
+    assert [s.reward for s in results] == [0.0, 1.0, 2.0]
+
+
 SCORED = []
 
 

@@ -332,7 +332,8 @@ async def generate_and_rm_group(
     )
     if args.group_rm and not state.aborted:
         flat = flatten_groups([results])
-        if all(s.status is not Status.ABORTED for s in flat) and any(s.reward is None for s in flat):
+        # As the original: the group RM scores every sample, also ones a generate function gave a reward.
+        if all(s.status is not Status.ABORTED for s in flat):
             t0 = time.perf_counter()
             rewards = await batched_async_rm(args, flat)
             state.reward_seconds += time.perf_counter() - t0
