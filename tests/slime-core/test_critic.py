@@ -98,7 +98,7 @@ def test_gae_returns_value_clip_and_prediction_metrics_by_hand():
     assert metrics["train/critic-lr"] == 1.0
 
 
-def test_masked_tokens_leave_the_metrics_and_constant_returns_leave_out_explained_variance(caplog):
+def test_masked_tokens_leave_the_metrics_and_constant_returns_leave_out_explained_variance():
     batch = _batch()
     batch.loss_masks = [torch.tensor([1.0, 0.0]), torch.ones(1)]
     batch.rewards = [0.0, 0.0]
@@ -122,11 +122,11 @@ def test_equal_returns_of_any_scale_leave_out_explained_variance(reward):
     values = [torch.randn(n, generator=torch.Generator().manual_seed(i)) for i in range(8)]
     returns = [torch.full((n,), reward, dtype=torch.float32) for _ in range(8)]
     masks = [torch.ones(n) for _ in range(8)]
-    metrics = _prediction_metrics(FakeCritic([]), 0, values, returns, masks)
+    metrics = _prediction_metrics(FakeCritic([]), values, returns, masks)
     assert "explained_variance" not in metrics and metrics["return_std"] == 0.0
     # Returns that do differ at that scale keep a finite explained variance, as numpy computes it (rel 1e-9).
     returns[0] = returns[0] * torch.linspace(0.5, 1.5, n)
-    metrics = _prediction_metrics(FakeCritic([]), 0, values, returns, masks)
+    metrics = _prediction_metrics(FakeCritic([]), values, returns, masks)
     v, r = torch.cat(values).double().numpy(), torch.cat(returns).double().numpy()
     assert metrics["explained_variance"] == pytest.approx(1 - np.var(r - v) / np.var(r), rel=1e-9)
     assert metrics["return_std"] == pytest.approx(np.std(r), rel=1e-9)

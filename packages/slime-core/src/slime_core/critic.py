@@ -169,18 +169,16 @@ def value_prediction_stats(
 
 # Returns whose standard deviation is below this share of their root mean square are equal up to float32 rounding.
 _EQUAL_RETURNS_RTOL = 1e-6
-_num_undefined_ev = 0  # rollouts whose explained variance was left out (returns all equal), for the log line
 
 
-def _prediction_metrics(backend: CriticStepBackend, rollout_id: int, values, returns, masks) -> dict[str, float]:
+def _prediction_metrics(backend: CriticStepBackend, values, returns, masks) -> dict[str, float]:
     """`explained_variance = 1 - Var(R - V) / Var(R)`, value and return means, return std (collective).
 
     Explained variance is undefined when every return is the same (a first rollout whose rewards are all equal, a
-    critic-only run on a solved task): it is then left out of the metrics (`return_std` 0 says why), where a NaN made
-    the tracker warn of non-finite metrics on every such rollout and a clamped denominator gave a made-up number.
-    The original logs no explained variance.
+    critic-only run on a solved task): it is then left out of the metrics (`return_std` 0 says why; the driver
+    names it once), where a NaN made the tracker warn of non-finite metrics on every such rollout and a clamped
+    denominator gave a made-up number. The original logs no explained variance.
     """
-    global _num_undefined_ev
     count, sum_v, sum_r, _, _ = (
         float(x) for x in backend.all_reduce_sum(value_prediction_stats(values, returns, masks))
     )
@@ -192,14 +190,6 @@ def _prediction_metrics(backend: CriticStepBackend, rollout_id: int, values, ret
     metrics = {"value_mean": sum_v / count, "return_mean": mean_r, "return_std": math.sqrt(var_r)}
     if var_r > _EQUAL_RETURNS_RTOL**2 * (var_r + mean_r**2):
         metrics["explained_variance"] = 1.0 - var_e / var_r
-    else:
-        _num_undefined_ev += 1
-        log = logger.info if _num_undefined_ev == 1 else logger.debug
-        log(
-            "rollout %d: train/critic-explained_variance left out: all %d returns equal %.6g, so it is undefined "
-            "(%d rollout(s) so far)",
-            rollout_id, int(count), mean_r, _num_undefined_ev,
-        )  # fmt: skip
     return metrics
 
 
@@ -286,7 +276,7 @@ def train_critic_on_rollout(
         backend.reset_optimizer_states()
     values = [v.float().cpu() for v in backend.compute_values(batch)]
     returns = _returns(cfg, batch, values)
-    prediction = _prediction_metrics(backend, rollout_id, values, returns, batch.loss_masks)
+    prediction = _prediction_metrics(backend, values, returns, batch.loss_masks)
     loss_fn = _value_loss(cfg, batch, values, returns)
     steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
     # One device-to-host read (every step's metric sums and grad norm) and one reduction over data-parallel ranks.
