@@ -39,7 +39,9 @@ class _Group:
 
     def train_critic(self, rollout_id, batch_refs):
         self._log("train_critic", rollout_id)
-        return {"train/critic-value_loss": 0.5}, ["values-rank0", "values-rank1"]
+        return {"train/critic-value_loss": 0.5, **self.prediction}, ["values-rank0", "values-rank1"]
+
+    prediction: dict = {}  # the critic's prediction metrics (`slime_core.critic`)
 
     def train(self, rollout_id, batch_refs, values=None):
         self._log("train", rollout_id, tuple(values))
@@ -95,6 +97,27 @@ def test_shared_gpus_alternate_and_the_actor_trains_on_the_critic_values(caplog)
     events.clear()
     pair.update_weights(1, ["http://restarted:1"])  # a restarted engine's weights (fault tolerance's restorer)
     assert events == [("actor", "update_weights", 1, ["http://restarted:1"])]
+
+
+def test_rollouts_without_explained_variance_are_counted_and_the_first_named(caplog):
+    """All returns equal: the critic leaves the undefined explained variance out; the driver says so once."""
+    pair, _ = _pair(shared=False)
+    equal = {"train/critic-return_mean": 0.0, "train/critic-return_std": 0.0}
+    pair.critic.prediction = equal
+    caplog.set_level("DEBUG", logger="slime_app.actor_critic")
+    for rollout_id in (0, 1):
+        metrics = pair.train(rollout_id, ["b0"])
+        assert "train/critic-explained_variance" not in metrics and metrics["train/critic-return_std"] == 0.0
+    pair.critic.prediction = {**equal, "train/critic-return_std": 0.5, "train/critic-explained_variance": 0.25}
+    pair.train(2, ["b0"])
+    notes = [(r.levelname, r.getMessage()) for r in caplog.records if "explained_variance" in r.getMessage()]
+    assert notes == [
+        ("INFO", "rollout 0: no train/critic-explained_variance: every return is 0, so it is undefined "
+                 "(1 rollout(s) so far; later ones are logged at DEBUG)"),
+        ("DEBUG", "rollout 1: no train/critic-explained_variance: every return is 0, so it is undefined "
+                  "(2 rollout(s) so far; later ones are logged at DEBUG)"),
+    ]  # fmt: skip
+    assert pair.num_undefined_ev == 2
 
 
 def test_critic_only_steps_and_own_gpus():

@@ -28,6 +28,9 @@ def test_the_originals_target_modules_spellings_resolve_to_module_names():
         "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"]  # fmt: skip
     assert _targets("--exclude-modules", "gate_proj", "up_proj") == ["q_proj", "k_proj", "v_proj", "o_proj",
                                                                      "down_proj"]  # fmt: skip
+    # One quoted value holding several names (a shell variable, a YAML string) was one unknown name "q_proj v_proj".
+    assert _targets("--target-modules", "v_proj q_proj") == ["q_proj", "v_proj"]
+    assert _targets("--target-modules", " q_proj,\tv_proj ", "--exclude-modules", "v_proj o_proj") == ["q_proj"]
 
 
 def test_a_target_module_no_engine_or_trainer_adapts_is_refused_naming_the_flag():

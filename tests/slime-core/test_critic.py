@@ -11,7 +11,7 @@ import torch
 
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
-from slime_core.critic import CriticStepBackend, critic_config, train_critic_on_rollout
+from slime_core.critic import CriticStepBackend, _prediction_metrics, critic_config, train_critic_on_rollout
 
 ATOL = 1e-6
 
@@ -94,10 +94,11 @@ def test_gae_returns_value_clip_and_prediction_metrics_by_hand():
     assert metrics["train/critic-explained_variance"] == pytest.approx(1 - np.var(r - v) / np.var(r), abs=1e-6)
     assert metrics["train/critic-value_mean"] == pytest.approx(v.mean(), abs=ATOL)
     assert metrics["train/critic-return_mean"] == pytest.approx(r.mean(), abs=ATOL)
+    assert metrics["train/critic-return_std"] == pytest.approx(r.std(), abs=ATOL)
     assert metrics["train/critic-lr"] == 1.0
 
 
-def test_masked_tokens_leave_the_metrics_and_constant_returns_give_nan_variance():
+def test_masked_tokens_leave_the_metrics_and_constant_returns_leave_out_explained_variance():
     batch = _batch()
     batch.loss_masks = [torch.tensor([1.0, 0.0]), torch.ones(1)]
     batch.rewards = [0.0, 0.0]
@@ -107,8 +108,28 @@ def test_masked_tokens_leave_the_metrics_and_constant_returns_give_nan_variance(
     assert critic.calls[0] == "reset_optimizer_states"
     # γ = λ = 1: every return is the reward, 0; the masked value 5.0 is in neither metric.
     assert metrics["train/critic-value_mean"] == 0.0 and metrics["train/critic-return_mean"] == 0.0
-    assert np.isnan(metrics["train/critic-explained_variance"])  # Var(R) = 0: undefined
+    # Var(R) = 0: undefined, so no point (a NaN made the tracker warn on every such rollout); return_std says why.
+    assert "train/critic-explained_variance" not in metrics and metrics["train/critic-return_std"] == 0.0
+    assert all(np.isfinite(v) for v in metrics.values())
     assert metrics["train/critic-value_loss"] == 0.0  # sample 0: (0-0)² on its one trained token
+
+
+@pytest.mark.parametrize("reward", [123.456, 1e4, 3.7e-7])
+def test_equal_returns_of_any_scale_leave_out_explained_variance(reward):
+    """8k equal float32 returns: the one-pass `ΣR²/n - mean²` was 1e-10 at 123.456 (explained variance -5e11)
+    and the absolute 1e-12 cut called returns of scale 1e-7 equal even where they differ."""
+    n = 1000
+    values = [torch.randn(n, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    returns = [torch.full((n,), reward, dtype=torch.float32) for _ in range(8)]
+    masks = [torch.ones(n) for _ in range(8)]
+    metrics = _prediction_metrics(FakeCritic([]), values, returns, masks)
+    assert "explained_variance" not in metrics and metrics["return_std"] == 0.0
+    # Returns that do differ at that scale keep a finite explained variance, as numpy computes it (rel 1e-9).
+    returns[0] = returns[0] * torch.linspace(0.5, 1.5, n)
+    metrics = _prediction_metrics(FakeCritic([]), values, returns, masks)
+    v, r = torch.cat(values).double().numpy(), torch.cat(returns).double().numpy()
+    assert metrics["explained_variance"] == pytest.approx(1 - np.var(r - v) / np.var(r), rel=1e-9)
+    assert metrics["return_std"] == pytest.approx(np.std(r), rel=1e-9)
 
 
 def test_no_steps_is_an_error():

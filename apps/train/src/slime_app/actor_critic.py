@@ -115,6 +115,7 @@ class ActorCritic:
     def __init__(self, cfg: SlimeArgs, actor: TrainGroup, critic: TrainGroup, *, shared: bool):
         self.cfg, self.actor, self.critic, self.shared = cfg, actor, critic, shared
         self._actor_awake = self._critic_awake = True  # backends start awake
+        self.num_undefined_ev = 0  # rollouts whose returns were all equal (no explained-variance point)
 
     def preload(self, cfg: SlimeArgs) -> None:
         """Both groups import their backends without waiting (`TrainGroup.preload`)."""
@@ -209,6 +210,7 @@ class ActorCritic:
         critic_metrics, values = self.critic.train_critic(rollout_id, batch_refs)
         self._release_critic()
         metrics: dict[str, float] = {**critic_metrics, "perf/critic_train_time": time.perf_counter() - t0}
+        self._note_undefined_ev(rollout_id, critic_metrics)
         if rollout_id >= self.cfg.num_critic_only_steps:
             self._use_actor()
             metrics.update(self.actor.train(rollout_id, batch_refs, values))
@@ -216,6 +218,18 @@ class ActorCritic:
             only = self.cfg.num_critic_only_steps
             logger.info("rollout %d: the critic trains alone (--num-critic-only-steps %d)", rollout_id, only)
         return metrics
+
+    def _note_undefined_ev(self, rollout_id: int, critic_metrics: dict[str, float]) -> None:
+        """Counts rollouts without `train/critic-explained_variance` (all returns equal); names the first in INFO."""
+        if "train/critic-explained_variance" in critic_metrics or "train/critic-return_std" not in critic_metrics:
+            return
+        self.num_undefined_ev += 1
+        log = logger.info if self.num_undefined_ev == 1 else logger.debug
+        log(
+            "rollout %d: no train/critic-explained_variance: every return is %.6g, so it is undefined "
+            "(%d rollout(s) so far; later ones are logged at DEBUG)",
+            rollout_id, critic_metrics.get("train/critic-return_mean", float("nan")), self.num_undefined_ev,
+        )  # fmt: skip
 
     def save(self, rollout_id: int) -> None:
         """The critic's checkpoint, then the actor's (whose tracker commits the resume point)."""

@@ -10,7 +10,8 @@ export) are off.
 1. values `V` of every response token with the critic's current weights (one forward, no grad);
 2. returns `R = GAE(rewards, V) + V` (`--gamma`, `--lambd`; the reward at the last response token, no KL
    term: the critic sees no log-probs, as in the original);
-3. prediction metrics of `V` against `R` over the loss-masked tokens of all data-parallel ranks;
+3. prediction metrics of `V` against `R` over the loss-masked tokens of all data-parallel ranks (two small
+   reductions: the means, then the centred squares);
 4. per optimizer step: forward + backward of the clipped value loss (`--value-clip`) against `V` and `R`,
    the optimizer step; after the last step, every step's metric sums read from the device once, reduced over
    data-parallel ranks in one reduction and divided by their step's denominator;
@@ -134,42 +135,62 @@ def critic_config(cfg: SlimeArgs) -> SlimeArgs:
 
 
 def value_prediction_stats(
-    values: Sequence[torch.Tensor], returns: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
+    values: Sequence[torch.Tensor],
+    returns: Sequence[torch.Tensor],
+    masks: Sequence[torch.Tensor],
+    centre: tuple[float, float] = (0.0, 0.0),
 ) -> torch.Tensor:
-    """Masked moment sums `[Σm, ΣVm, ΣRm, ΣR²m, Σ(R-V)m, Σ(R-V)²m]` (float64), summable over ranks.
+    """Masked sums `[Σm, ΣVm, ΣRm, Σ(R-c_R)²m, Σ(E-c_E)²m]` (float64, `E = R - V`), summable over ranks.
+
+    Called twice: with `centre=(0, 0)` for the counts and means, then with the global means as `centre` for the
+    variances. The one-pass `ΣR² - (ΣR)²/n` cancels catastrophically: 8k returns all 123.456 gave a variance of
+    1e-10 and an explained variance of -5e11 where it is undefined.
 
     Args:
         values: N `[L_i]` critic values.
         returns: N `[L_i]` returns.
         masks: N `[L_i]` loss masks in {0, 1}.
+        centre: `(c_R, c_E)` subtracted before squaring.
 
     Returns:
-        `[6]` float64 on CPU.
+        `[5]` float64 on CPU.
     """
-    stats = torch.zeros(6, dtype=torch.float64)
+    stats = torch.zeros(5, dtype=torch.float64)
+    centre_r, centre_e = centre
     for v, r, m in zip(values, returns, masks, strict=True):
         v64, r64, m64 = v.detach().double().cpu(), r.detach().double().cpu(), m.double().cpu()
         err = r64 - v64
         stats += torch.stack(
-            [m64.sum(), (v64 * m64).sum(), (r64 * m64).sum(), (r64.square() * m64).sum(), (err * m64).sum(),
-             (err.square() * m64).sum()]
+            [m64.sum(), (v64 * m64).sum(), (r64 * m64).sum(), ((r64 - centre_r).square() * m64).sum(),
+             ((err - centre_e).square() * m64).sum()]
         )  # fmt: skip
     return stats
 
 
-def _prediction_metrics(stats: torch.Tensor) -> dict[str, float]:
-    """`explained_variance = 1 - Var(R - V) / Var(R)` (NaN when `Var(R)` is 0), value and return means."""
-    count, sum_v, sum_r, sum_r2, sum_e, sum_e2 = (float(x) for x in stats)
+# Returns whose standard deviation is below this share of their root mean square are equal up to float32 rounding.
+_EQUAL_RETURNS_RTOL = 1e-6
+
+
+def _prediction_metrics(backend: CriticStepBackend, values, returns, masks) -> dict[str, float]:
+    """`explained_variance = 1 - Var(R - V) / Var(R)`, value and return means, return std (collective).
+
+    Explained variance is undefined when every return is the same (a first rollout whose rewards are all equal, a
+    critic-only run on a solved task): it is then left out of the metrics (`return_std` 0 says why; the driver
+    names it once), where a NaN made the tracker warn of non-finite metrics on every such rollout and a clamped
+    denominator gave a made-up number. The original logs no explained variance.
+    """
+    count, sum_v, sum_r, _, _ = (
+        float(x) for x in backend.all_reduce_sum(value_prediction_stats(values, returns, masks))
+    )
     if count <= 0:
         return {}
-    mean_r, mean_e = sum_r / count, sum_e / count
-    var_r = max(sum_r2 / count - mean_r**2, 0.0)
-    var_e = max(sum_e2 / count - mean_e**2, 0.0)
-    return {
-        "explained_variance": 1.0 - var_e / var_r if var_r > 1e-12 else math.nan,
-        "value_mean": sum_v / count,
-        "return_mean": mean_r,
-    }
+    mean_r, mean_e = sum_r / count, (sum_r - sum_v) / count
+    centred = backend.all_reduce_sum(value_prediction_stats(values, returns, masks, centre=(mean_r, mean_e)))
+    var_r, var_e = float(centred[3]) / count, float(centred[4]) / count
+    metrics = {"value_mean": sum_v / count, "return_mean": mean_r, "return_std": math.sqrt(var_r)}
+    if var_r > _EQUAL_RETURNS_RTOL**2 * (var_r + mean_r**2):
+        metrics["explained_variance"] = 1.0 - var_e / var_r
+    return metrics
 
 
 def _returns(cfg: SlimeArgs, batch: RolloutBatch, values: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -242,8 +263,9 @@ def train_critic_on_rollout(
     Returns:
         `(metrics, values)`: `train/critic-*` metrics — `value_loss`, `value_clipfrac` (means over the steps of
         the DP-reduced, denominator-normalized sums), `grad_norm` (mean), `lr` (last step), and, over all
-        ranks' masked tokens before the update, `explained_variance`, `value_mean`, `return_mean`; and the
-        N `[L_i]` float32 values before the update (CPU).
+        ranks' masked tokens before the update, `value_mean`, `return_mean`, `return_std` and
+        `explained_variance` (left out where the returns are all equal: undefined); and the N `[L_i]` float32
+        values before the update (CPU).
 
     Raises:
         ValueError: a batch without optimizer steps, or an error of the estimator / value loss.
@@ -254,7 +276,7 @@ def train_critic_on_rollout(
         backend.reset_optimizer_states()
     values = [v.float().cpu() for v in backend.compute_values(batch)]
     returns = _returns(cfg, batch, values)
-    prediction = _prediction_metrics(backend.all_reduce_sum(value_prediction_stats(values, returns, batch.loss_masks)))
+    prediction = _prediction_metrics(backend, values, returns, batch.loss_masks)
     loss_fn = _value_loss(cfg, batch, values, returns)
     steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
     # One device-to-host read (every step's metric sums and grad norm) and one reduction over data-parallel ranks.

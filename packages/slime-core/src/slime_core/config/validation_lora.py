@@ -7,6 +7,7 @@ here both spellings resolve to the HF module names the trainer's peft wraps and 
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING
 
 from slime_core.config.base import ConfigError, field_to_flag, non_default, warn_once
@@ -59,8 +60,12 @@ def check_lora(args: SlimeArgs) -> None:
 
 
 def _module_names(values: list[str], flag: str) -> list[str]:
-    """Space- or comma-separated module names (the original's `--target-modules q_proj,v_proj`), checked."""
-    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    """Space- or comma-separated module names (the original's `--target-modules q_proj,v_proj`), checked.
+
+    A value is split on commas and whitespace both: one quoted value `"q_proj v_proj"` (a shell variable, a YAML
+    string) was refused as the module name `q_proj v_proj`, which read as if both names were wrong.
+    """
+    names = [n for v in values for n in re.split(r"[,\s]+", v) if n]
     unknown = [n for n in names if n not in (*LORA_TARGET_MODULES, "all-linear", "all")]
     if unknown:
         raise ConfigError(
