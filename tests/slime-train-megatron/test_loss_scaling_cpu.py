@@ -58,3 +58,31 @@ def test_duplicated_samples_leave_the_step_gradient_unchanged(cpu_backend_env, t
         two = _step_gradient(cpu_backend_env, args, _copies(2, packed=packed))
         for name, g in one.items():
             assert float((two[name] - g).abs().max()) <= 1e-6 * scale, (packed, name)
+
+
+def test_step_gradient_is_the_mean_over_the_steps_samples_by_hand(cpu_backend_env, tiny_hf):
+    """Two samples in two micro-batches, GRPO on-policy (ratio 1): the output layer's gradient (no router loss reaches
+    it) is `-(1/2) Σ_i A_i/D_i Σ_t ∇ log p_it`, computed here with the HF model."""
+    hf_model, hf_dir = tiny_hf("qwen3_moe")
+    flags = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3",
+             "--moe-token-dispatcher-type", "allgather"]  # fmt: skip
+    run = {"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "advantage_estimator": "grpo"}
+    args = SlimeArgs.from_dict({**run, "hf_checkpoint": str(hf_dir), "megatron_args": flags})
+    tokens = [_SAMPLE.clone(), torch.tensor([3, 8, 1, 22, 19, 4])]
+    masks = [torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([1.0, 1.0, 1.0])]
+    rewards = [1.0, -0.5]
+    batch = RolloutBatch(
+        tokens=tokens, response_lengths=[4, 3], loss_masks=masks, rewards=rewards, raw_rewards=rewards,
+        loss_denominators=[3.0, 3.0], micro_batches=[[[0], [1]]], step_sample_counts=[2], step_token_counts=[6.0],
+    )  # fmt: skip
+    got = _step_gradient(cpu_backend_env, args, batch)["output_layer.weight"]
+
+    hf_model.zero_grad(set_to_none=True)
+    loss = 0.0
+    for t, m, a in zip(tokens, masks, rewards, strict=True):
+        r = m.numel()
+        logp = torch.log_softmax(hf_model(t[None]).logits[0, -r - 1 : -1], -1).gather(1, t[-r:, None])[:, 0]
+        loss = loss - a * (logp * m).sum() / m.sum() / len(tokens)
+    loss.backward()
+    want = hf_model.lm_head.weight.grad
+    torch.testing.assert_close(got[: want.shape[0]], want, atol=1e-6 * float(want.abs().max()), rtol=0)
