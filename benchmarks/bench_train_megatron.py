@@ -251,7 +251,7 @@ def _cpu_schedule(*, forward_step_func, data_iterator, model, num_microbatches, 
         output, loss_func = forward_step_func(data_iterator, model[0])
         loss, _, _ = loss_func(output)
         if not forward_only:
-            loss.backward()
+            (loss / num_microbatches).backward()  # as megatron-core's forward_step (the backend multiplies it back)
     if not forward_only:
         model[0].config.finalize_model_grads_func(model)
 

@@ -250,3 +250,17 @@ def test_schedule_errors():
 def test_more_ranks_than_samples_gets_empty_micro_batches():
     sched = build_schedule([4, 4], [0, 1], dp_size=4, global_batch_size=2, use_dynamic_batch_size=False)
     assert [r[0] for r in sched.rank_micro_batches] == [[[0]], [[1]], [[]], [[]]]
+
+
+def test_samples_over_the_token_budget_are_packed_alone_with_one_warning(caplog):
+    import slime_core.scheduling as scheduling
+
+    scheduling._warned_over_budget = False
+    lengths, ids = [5, 30, 3, 12, 4, 25], list(range(6))
+    with caplog.at_level("WARNING", logger="slime_core.scheduling"):
+        sched = build_schedule(lengths, ids, dp_size=1, global_batch_size=3, use_dynamic_batch_size=True,
+                               max_tokens_per_gpu=10)  # fmt: skip
+        build_schedule(lengths, ids, dp_size=1, global_batch_size=3, use_dynamic_batch_size=True, max_tokens_per_gpu=10)
+    assert sorted(sched.rank_micro_batches[0][0]) == [[0, 2], [1]] and [3] in sched.rank_micro_batches[0][1]
+    assert caplog.text.count("3 samples are longer than --max-tokens-per-gpu x context-parallel size = 10 tokens "
+                             "(the longest has 30)") == 1  # fmt: skip

@@ -548,3 +548,23 @@ def test_a_non_finite_rollout_log_prob_is_refused_naming_the_sample_and_position
     want = rf"^sample 2: rollout_log_probs\[{n - 1}\] is {bad}, not a finite log-prob \(1 of {n} are not\)"
     with pytest.raises(ValueError, match=want):
         build_rollout_batches(_args(), samples, dp_size=1)
+
+
+def test_a_rollout_of_another_size_than_configured_warns_once_with_its_step_count(caplog):
+    # 4 x 2 samples configured (--global-batch-size 4: 2 steps); a rollout function returned 12: 3 steps.
+    import slime_core.train_data as td
+
+    td._warned_step_count = False
+    args = SlimeArgs.from_dict({"rollout_batch_size": 4, "n_samples_per_prompt": 2, "global_batch_size": 4,
+                                "num_rollout": 1})  # fmt: skip
+    assert args.num_steps_per_rollout == 2
+    samples = _samples([1, 0] * 6)
+    for s in samples:
+        s.group_index = s.index // 2
+    with caplog.at_level("WARNING", logger="slime_core.train_data"):
+        (b,) = build_rollout_batches(args, samples, dp_size=1)
+        build_rollout_batches(args, samples, dp_size=1)
+        build_rollout_batches(args, samples[:8], dp_size=1)  # the configured size: nothing to say
+    assert b.num_steps == 3
+    assert caplog.text.count("this rollout has 12 rollouts (--global-batch-size 4 each step): 3 optimizer steps, not "
+                             "--num-steps-per-rollout 2") == 1  # fmt: skip

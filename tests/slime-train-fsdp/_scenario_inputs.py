@@ -66,5 +66,14 @@ def scenario_pipeline(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict:
     b = FSDPTrainBackend()
     b.init(args, with_ref=False)
     init = full_params(b)
+    grads: list[dict[str, torch.Tensor]] = []
+    optimizer_step = b.optimizer_step
+
+    def capture():  # the summed gradient each step applies (before clipping), gathered from the shards
+        grads.append({n: p.grad.full_tensor().clone() for n, p in b.model.named_parameters() if p.grad is not None})
+        return optimizer_step()
+
+    b.optimizer_step = capture
     b.train(0, batch)
-    return {"init": init, "params": full_params(b), "steps": b.step_metrics, "micro_batches": batch.micro_batches}
+    return {"init": init, "params": full_params(b), "steps": b.step_metrics, "micro_batches": batch.micro_batches,
+            "grad0": grads[0]}  # fmt: skip

@@ -307,10 +307,15 @@ def test_tied_embeddings_two_ranks(tmp_path, qwen3_tokenizer_dir):
         assert "lm_head.weight" not in res["names"]
 
 
-def test_real_train_data_pipeline_world_sizes_agree(tiny_ckpt, tmp_path):
+@pytest.fixture(scope="module")
+def pipeline_runs(tiny_ckpt, tmp_path_factory) -> tuple[dict, list[dict]]:
+    work = tmp_path_factory.mktemp("pipeline")
+    return launch("pipeline", 1, work, tiny_ckpt)[0], launch("pipeline", 2, work, tiny_ckpt)
+
+
+def test_real_train_data_pipeline_world_sizes_agree(pipeline_runs):
     """`build_rollout_batches` (GRPO group normalization, token-budget micro-batches) → train, DP 1 vs 2."""
-    (one,) = launch("pipeline", 1, tmp_path, tiny_ckpt)
-    two = launch("pipeline", 2, tmp_path, tiny_ckpt)
+    one, two = pipeline_runs
     assert len(one["steps"]) == 2
     assert sum(len(step) for step in one["micro_batches"]) > 2  # the 16-token budget splits the steps
     for res in two:
@@ -321,6 +326,36 @@ def test_real_train_data_pipeline_world_sizes_agree(tiny_ckpt, tmp_path):
         for s, ref_step in enumerate(one["steps"]):
             for key, val in ref_step.items():
                 assert res["steps"][s][key] == pytest.approx(val, rel=TOL, abs=1e-7), key
+
+
+def test_real_train_data_pipeline_step_gradient_by_hand(pipeline_runs, tiny_ckpt):
+    """Step 0's gradient, at 1 and 2 ranks, is the original's: on-policy GRPO (ratio 1, no clipping) gives
+    `-(1/4) Σ_i A_i/D_i Σ_t m_it ∇ log p_it` over the step's 4 samples, computed with plain transformers here
+    (A_i the group-normalized reward, D_i the sample's trainable tokens)."""
+    from transformers import AutoModelForCausalLM
+
+    from slime_core.train_data import postprocess_rewards
+
+    args = _common.make_args(str(tiny_ckpt), reward_key=None, disable_rewards_normalization=False)
+    samples = _load_workers()._inputs.pipeline_samples()
+    _, advantages = postprocess_rewards(args, samples)
+    model = AutoModelForCausalLM.from_pretrained(tiny_ckpt, dtype=torch.float32, attn_implementation="eager")
+    loss = 0.0
+    for sample, advantage in list(zip(samples, advantages, strict=True))[:4]:  # step 0: the first 4 rollouts
+        tokens, r = torch.tensor(sample.tokens), sample.response_length
+        mask = torch.tensor(sample.loss_mask, dtype=torch.float32)
+        logits = model(tokens[None]).logits[0, -r - 1 : -1] / _common.TEMPERATURE
+        logp = torch.log_softmax(logits, -1).gather(1, tokens[-r:, None])[:, 0]
+        loss = loss - advantage * (logp * mask).sum() / mask.sum() / 4
+    loss.backward()
+    want = {name: p.grad for name, p in model.named_parameters()}
+    scale = max(float(g.abs().max()) for g in want.values())
+    one, two = pipeline_runs
+    for res in (one, *two):
+        got = {name.replace("_orig_mod.", ""): g for name, g in res["grad0"].items()}
+        assert got.keys() == want.keys()
+        for name, g in want.items():
+            assert float((got[name] - g).abs().max()) <= TOL * scale, name
 
 
 @pytest.fixture(scope="module")

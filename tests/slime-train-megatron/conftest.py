@@ -134,16 +134,23 @@ class _CpuAdam:
         pass
 
 
-def _cpu_schedule(  # megatron-core's `forward_backward_no_pipelining`, minus CUDA
+def _cpu_schedule(  # megatron-core's `forward_backward_no_pipelining`, minus its CUDA token counter
     *, forward_step_func, data_iterator, model, num_microbatches, seq_length, micro_batch_size, forward_only
 ):
-    for _ in range(num_microbatches):
-        output, loss_func = forward_step_func(data_iterator, model[0])
-        loss, _, _ = loss_func(output)
+    # megatron-core's own forward/backward steps: they divide each loss by the micro-batch count and set the MoE
+    # router's aux-loss scale, as on the GPU.
+    from megatron.core.enums import ModelType
+    from megatron.core.pipeline_parallel import schedules
+
+    config = model[0].config
+    store: list = []
+    for i in range(num_microbatches):
+        output, _ = schedules.forward_step(forward_step_func, data_iterator, model[0], num_microbatches, None, store,
+                                           config, 1, current_microbatch=i, is_first_microbatch=i == 0)  # fmt: skip
         if not forward_only:
-            loss.backward()
+            schedules.backward_step(None, output, None, ModelType.encoder_or_decoder, config)
     if not forward_only:
-        model[0].config.finalize_model_grads_func(model)
+        config.finalize_model_grads_func(model)
 
 
 @pytest.fixture()

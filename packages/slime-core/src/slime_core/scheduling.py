@@ -108,7 +108,6 @@ def pack_by_tokens(positions: Sequence[int], lengths: Sequence[int], max_tokens:
     for pos in order:
         n = lengths[pos]
         if n > max_tokens:
-            logger.debug("sample at position %d has %d tokens > max_tokens %d; packed alone", pos, n, max_tokens)
             bins.append([pos])
             loads.append(max_tokens + 1)  # marks the bin full
             continue
@@ -279,6 +278,31 @@ def assign_to_ranks(bin_costs: Sequence[float], dp_size: int, *, balance: bool) 
     return karmarkar_karp(bin_costs, dp_size)
 
 
+_warned_over_budget = False
+
+
+def _warn_over_budget(lengths: Sequence[int], dropped: Sequence[int], budget: int) -> None:
+    """Warns (once per process) that samples longer than the token budget get a micro-batch of their own.
+
+    Such a micro-batch exceeds `--max-tokens-per-gpu` (as in the original, whose packing does the same): the memory
+    the flag bounds is exceeded there, which a run tuned to the budget may not survive.
+    """
+    global _warned_over_budget
+    skip = set(dropped)
+    over = [n for p, n in enumerate(lengths) if n > budget and p not in skip]
+    if not over or _warned_over_budget:
+        return
+    _warned_over_budget = True
+    logger.warning(
+        "%d samples are longer than --max-tokens-per-gpu x context-parallel size = %d tokens (the longest has %d): "
+        "each is a micro-batch of its own, over the budget (raise --max-tokens-per-gpu or lower "
+        "--rollout-max-response-len to stay within it)",
+        len(over),
+        budget,
+        max(over),
+    )
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class Schedule:
     """The micro-batch schedule of one rollout.
@@ -362,6 +386,9 @@ def build_schedule(
             global_batch_size,
         )
 
+    if use_dynamic_batch_size:
+        assert max_tokens_per_gpu is not None
+        _warn_over_budget(lengths, dropped, max_tokens_per_gpu * cp_size)
     costs = [sequence_cost(n, attn_coef) for n in lengths]
     rank_mbs: list[list[list[list[int]]]] = [[] for _ in range(dp_size)]
     step_positions: list[list[int]] = []

@@ -330,6 +330,34 @@ def _top_p_tensors(cfg: SlimeArgs, samples: Sequence[Sample]):
     return ids, offsets
 
 
+_warned_step_count = False
+
+
+def _check_step_count(cfg: SlimeArgs, num_steps: int, num_rollouts: int) -> None:
+    """Warns (once per process) when a rollout trains another number of steps than `--num-steps-per-rollout`.
+
+    A rollout function that returns another number of rollouts than `--rollout-batch-size` ×
+    `--n-samples-per-prompt` (a custom one; samples fanned out of one rollout without a shared `rollout_id`) trains
+    `rollouts // --global-batch-size` steps, as the original does, while the LR schedule and the `train/step` axis
+    count `--num-steps-per-rollout` steps per rollout: the schedule then decays early or late, with no other sign.
+    """
+    global _warned_step_count
+    expected = cfg.num_steps_per_rollout
+    if expected is None or num_steps == expected or _warned_step_count:
+        return
+    _warned_step_count = True
+    logger.warning(
+        "this rollout has %d rollouts (--global-batch-size %d each step): %d optimizer steps, not "
+        "--num-steps-per-rollout %d; the LR schedule counts --num-rollout x --num-steps-per-rollout steps "
+        "(the rollout function returns another number of rollouts than --rollout-batch-size x "
+        "--n-samples-per-prompt; samples fanned out of one rollout need a shared Sample.rollout_id)",
+        num_rollouts,
+        cfg.global_batch_size,
+        num_steps,
+        expected,
+    )
+
+
 def check_finite_log_probs(samples: Sequence[Sample], log_probs: Sequence[torch.Tensor]) -> None:
     """Checks that every `rollout_log_probs` value a sample carries is a finite number.
 
@@ -487,6 +515,7 @@ def build_rollout_batches(
         balance_data=cfg.balance_data,
         cp_size=cfg.context_parallel_size,
     )
+    _check_step_count(cfg, schedule.num_steps, len(set(keys)))
     step_sample_counts = [len(p) for p in schedule.step_positions]
     # The loss divisor: siblings of one rollout share its token-mean denominator, so the rollout counts once.
     step_rollout_counts = [len({keys[p] for p in pos}) for pos in schedule.step_positions]

@@ -6,11 +6,12 @@ megatron-core's pipeline schedule (`get_forward_backward_func`), so PP works unc
 RL step (`slime_core.train_step.train_on_rollout`); this class supplies its forward/backward, collectives
 and optimizer (the `StepBackend` methods).
 
-Loss scaling: the model config sets `calculate_per_token_loss=True`, which makes megatron-core neither
-divide by the micro-batch count nor average gradients over data-parallel ranks (they are summed). Each
-micro-batch loss (the shared step's `compute_train_loss`, a sum over its samples) is divided by the step's
-global rollout count (`step_denominator`; or token count with `--calculate-per-token-loss`); summed over
-micro-batches and DP ranks this is the mean over the step's global batch. Under context parallelism every
+Loss scaling: megatron-core averages micro-batch losses over the micro-batches and gradients over DP×CP ranks
+(the original's `calculate_per_token_loss=False`, which also scales the MoE router's aux loss as there);
+`PipelineRunner.run` undoes that averaging for the main loss. Each micro-batch loss (the shared step's
+`compute_train_loss`, a sum over its samples) is divided by the step's global rollout count (`step_denominator`;
+or token count with `--calculate-per-token-loss`); summed over micro-batches and DP ranks this is the mean over the
+step's global batch. Under context parallelism every
 CP rank computes the full loss from all-gathered log-probs whose backward keeps only the rank's own tokens,
 so the DP×CP gradient sum is again exact.
 

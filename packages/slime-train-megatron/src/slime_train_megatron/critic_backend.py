@@ -143,7 +143,7 @@ class MegatronCriticBackend:
         """Step `step`'s micro-batches with the value loss through megatron-core's schedule (`CriticStepBackend`).
 
         Scaled and kept collective like the actor's (`MegatronTrainBackend.forward_backward`): loss / denominator,
-        summed over DP by megatron-core; empty slots run a dummy with a zero loss.
+        summed over micro-batches and DP (`PipelineRunner.run`); empty slots run a dummy with a zero loss.
         """
 
         def mb_loss(output, mb):

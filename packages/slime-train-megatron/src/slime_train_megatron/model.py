@@ -111,7 +111,10 @@ def build_transformer_config(
         recompute_num_layers=settings.recompute_num_layers,
         moe_token_dispatcher_type=settings.moe_token_dispatcher_type,
         moe_grouped_gemm=settings.moe_grouped_gemm,
-        calculate_per_token_loss=True,  # the backend scales losses itself (see backend module docstring)
+        # As the original's default: megatron-core averages over micro-batches and DP×CP ranks, and so scales the MoE
+        # router's aux/z losses (with True it sums them over micro-batches and ranks, times each one's token count).
+        # `PipelineRunner.run` undoes the averaging of the main loss, which the backends normalize themselves.
+        calculate_per_token_loss=False,
     )
 
 

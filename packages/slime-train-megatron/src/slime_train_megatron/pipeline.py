@@ -180,7 +180,8 @@ class PipelineRunner:
         Args:
             batch: this rank's data.
             step: optimizer step index into `batch.micro_batches`.
-            loss_fn: `(output, MicroBatch) -> (loss, extra)` on the last stage.
+            loss_fn: `(output, MicroBatch) -> (loss, extra)` on the last stage; the step's gradient is the sum of its
+                losses over the micro-batches and the DP×CP ranks (megatron-core's averaging is undone).
             forward_only: no backward (log-probs, values).
 
         Returns:
@@ -189,6 +190,9 @@ class PipelineRunner:
         mbs = self.micro_batches(batch, step)
         it = iter(mbs)
         results: list[Any] = []
+        # megatron-core divides each micro-batch loss by the micro-batch count and DDP averages gradients over DP×CP
+        # (`calculate_per_token_loss=False`, as the original runs): undone here, so that the caller's losses add up.
+        undo_mean = len(mbs) * parallel_state.get_data_parallel_world_size(with_context_parallel=True)
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
@@ -197,9 +201,9 @@ class PipelineRunner:
             def loss_func(output_tensor):
                 loss, extra = loss_fn(output_tensor, mb)
                 results.append(extra)
-                # The token count megatron-core's schedule adds up (unused: per-token loss scaling is the loss's own);
-                # made on the device, as `torch.tensor(1, device=...)` would copy from the host and wait for the GPU.
-                return loss, torch.ones((), dtype=torch.int, device=loss.device), {}
+                # The token count megatron-core divides by: 1, the caller's loss carries its own normalization; made
+                # on the device, as `torch.tensor(1, device=...)` would copy from the host and wait for the GPU.
+                return loss * undo_mean, torch.ones((), dtype=torch.int, device=loss.device), {}
 
             return output, loss_func
 

@@ -5,9 +5,10 @@ Each backend owns its model and calls these: the parallel groups and the DDP-wra
 model-config hooks megatron-core's schedule calls, the resume from a torch_dist `--load`, the optimizer step, the
 data-parallel reductions of the shared steps, and `Residency` (sleep/wake through host memory).
 
-Loss scaling (both backends): the model config's `calculate_per_token_loss=True` makes megatron-core neither divide
-by the micro-batch count nor average gradients over DP ranks, and `finalize_model_grads` is called without token
-normalization, so a micro-batch loss divided by the step's global denominator sums to the global-batch mean.
+Loss scaling (both backends): megatron-core divides every micro-batch loss by the micro-batch count and DDP averages
+gradients over DP×CP ranks (`calculate_per_token_loss=False`, the original's default, which also scales the MoE
+router's aux and z losses as the original's); `pipeline.PipelineRunner.run` multiplies the main loss back, so a
+micro-batch loss divided by the step's global denominator sums to the global-batch mean.
 """
 
 from __future__ import annotations
@@ -161,8 +162,7 @@ def build_optimizer(parts: ParallelModel, settings: MegatronSettings, cfg: Slime
         use_foreach_grad_norm(True)
     scheduler = build_lr_scheduler(optimizer, s, cfg)
     config = parts.config
-    # Sum gradients over DP without megatron's token normalization (see the module docstring).
-    config.finalize_model_grads_func = lambda models, num_tokens=None, **kw: finalize_model_grads(models, None, **kw)
+    config.finalize_model_grads_func = finalize_model_grads  # DP×CP averaging (see the module docstring)
     config.grad_scale_func = optimizer.scale_loss
     config.no_sync_func = parts.model.no_sync
     return optimizer, scheduler
