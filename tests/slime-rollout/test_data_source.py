@@ -594,3 +594,18 @@ def test_tools_a_chat_template_leaves_out_name_the_row(tmp_path, qwen3_tokenizer
         load_prompt_rows(spec), source=spec, input_key="q", tokenizer=tok, apply_chat_template=True
     )
     assert '"name": "calculator"' in samples[1].prompt and samples[1].metadata["tools"] == tools
+
+
+def test_the_row_count_of_num_epoch_is_the_rows_the_data_source_reads(tmp_path):
+    # --num-epoch counts the rows without reading them (count_rows); its own text-mode count counted a line holding
+    # only the byte-order mark (an Excel export's blank first line) as a row, and bad bytes failed with a bare
+    # UnicodeDecodeError naming no line.
+    from slime_rollout.data.prompt_rows import count_rows, load_prompt_rows
+
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf\r\n{"question": "q1"}\r\n\r\n{"question": "q2"}\r\n')
+    assert count_rows(str(path)) == len(load_prompt_rows(str(path))) == 2
+    assert count_rows(f"{path}@[1:]") == 1
+    path.write_bytes(b'{"question": "q1"}\n{"question": "\xff"}\n')
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: not UTF-8"):
+        count_rows(str(path))

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["MAX_LINE_BYTES", "iter_jsonl"]
+__all__ = ["MAX_LINE_BYTES", "iter_jsonl", "iter_jsonl_lines"]
 
 #: The longest line read as one row (64 MiB): far above any prompt, far below what a machine holds as a string.
 MAX_LINE_BYTES = 64 << 20
@@ -29,21 +29,15 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yields `(line_number, object)` for each non-blank line of a JSONL file (1-based line numbers).
+def iter_jsonl_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
+    """Yields `(line_number, text)` for each non-blank line of a JSONL file (1-based), without parsing it.
 
-    Lines are read as bytes and decoded one by one, so bad bytes are reported with their line (a text-mode file
-    fails somewhere in a buffered read, naming no line). A UTF-8 byte-order mark at the start of the file (what
-    some Windows editors and Excel exports write) is skipped: it is not part of the first object.
-
-    A key given twice in one object (`{"label": "2", "label": "3"}`) is an error: `json` keeps the last one
-    silently, so which answer a row holds was a guess.
+    The one reader of a JSONL file's lines: `iter_jsonl` parses what it yields, and a row count (`--num-epoch`)
+    counts it, so both see the same rows (a count of its own counted a line holding only the byte-order mark, and
+    failed on bad bytes naming no line).
 
     Raises:
-        ValueError: `"{path}:{line}: invalid JSON (...)"`, `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`,
-            `"...: key 'label' appears twice in one object ..."`, `"...: expected a JSON object, got list"`, a line
-            longer than `MAX_LINE_BYTES`, an integer of more than 4,300 digits (Python's int-string limit) or
-            arrays nested past the recursion limit (both escaped as bare tracebacks naming no file).
+        ValueError: `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`, or a line longer than `MAX_LINE_BYTES`.
     """
     with open(path, "rb") as f:
         for lineno in itertools.count(1):
@@ -63,25 +57,44 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
                     f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
                     "re-encode the file as UTF-8"
                 ) from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line, object_pairs_hook=_unique_keys)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-            except ValueError as e:  # Python's own limit: an integer of more than 4,300 digits
-                raise ValueError(
-                    f"{path}:{lineno}: a number Python does not read ({str(e).split(';')[0]}); write it as a string"
-                ) from None
-            except RecursionError:  # `[[[[...` nested past the interpreter's stack
-                raise ValueError(
-                    f"{path}:{lineno}: JSON nested deeper than Python reads (about {sys.getrecursionlimit()} levels)"
-                ) from None
-            except _DuplicateKey as e:
-                raise ValueError(
-                    f"{path}:{lineno}: key {e.args[0]!r} appears twice in one object (JSON readers keep one of them "
-                    "silently); keep the one you mean"
-                ) from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            yield lineno, row
+            if line.strip():
+                yield lineno, line
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yields `(line_number, object)` for each non-blank line of a JSONL file (1-based line numbers).
+
+    Lines are read as bytes and decoded one by one, so bad bytes are reported with their line (a text-mode file
+    fails somewhere in a buffered read, naming no line). A UTF-8 byte-order mark at the start of the file (what
+    some Windows editors and Excel exports write) is skipped: it is not part of the first object.
+
+    A key given twice in one object (`{"label": "2", "label": "3"}`) is an error: `json` keeps the last one
+    silently, so which answer a row holds was a guess.
+
+    Raises:
+        ValueError: `"{path}:{line}: invalid JSON (...)"`, `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`,
+            `"...: key 'label' appears twice in one object ..."`, `"...: expected a JSON object, got list"`, a line
+            longer than `MAX_LINE_BYTES`, an integer of more than 4,300 digits (Python's int-string limit) or
+            arrays nested past the recursion limit (both escaped as bare tracebacks naming no file).
+    """
+    for lineno, line in iter_jsonl_lines(path):
+        try:
+            row = json.loads(line, object_pairs_hook=_unique_keys)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+        except ValueError as e:  # Python's own limit: an integer of more than 4,300 digits
+            raise ValueError(
+                f"{path}:{lineno}: a number Python does not read ({str(e).split(';')[0]}); write it as a string"
+            ) from None
+        except RecursionError:  # `[[[[...` nested past the interpreter's stack
+            raise ValueError(
+                f"{path}:{lineno}: JSON nested deeper than Python reads (about {sys.getrecursionlimit()} levels)"
+            ) from None
+        except _DuplicateKey as e:
+            raise ValueError(
+                f"{path}:{lineno}: key {e.args[0]!r} appears twice in one object (JSON readers keep one of them "
+                "silently); keep the one you mean"
+            ) from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        yield lineno, row

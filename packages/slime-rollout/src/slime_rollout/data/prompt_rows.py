@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from slime_core.jsonl import iter_jsonl
+from slime_core.jsonl import iter_jsonl, iter_jsonl_lines
 from slime_rollout.data.parquet_rows import read_parquet_rows
 
 __all__ = ["PromptRows", "count_rows", "data_dir", "load_prompt_rows"]
@@ -98,15 +98,19 @@ def _split_spec(spec: str) -> tuple[pathlib.Path, int | None, int | None]:
 
 
 def count_rows(spec: str) -> int:
-    """Rows of a prompt file (slice applied), without reading the rows themselves."""
+    """Rows of a prompt file (slice applied), without parsing them: as many as `load_prompt_rows` gives.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: unknown extension, a JSONL line that is not UTF-8 or is too long (names `file:line`).
+    """
     path, start, end = _split_spec(spec)
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         total = pq.ParquetFile(path).metadata.num_rows
     elif path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            total = sum(1 for line in f if line.strip())
+        total = sum(1 for _ in iter_jsonl_lines(path))  # the lines `load_prompt_rows` reads, unparsed
     else:
         raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
     return len(range(total)[start:end])
