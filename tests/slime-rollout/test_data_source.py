@@ -609,3 +609,25 @@ def test_the_row_count_of_num_epoch_is_the_rows_the_data_source_reads(tmp_path):
     path.write_bytes(b'{"question": "q1"}\n{"question": "\xff"}\n')
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: not UTF-8"):
         count_rows(str(path))
+
+
+def test_message_prompts_are_checked_when_no_length_limit_loads_the_tokenizer(tmp_path, qwen3_tokenizer_dir):
+    # The data source loaded the tokenizer only to template or to measure prompts: with no length limit (a config
+    # without max_position_embeddings, no --rollout-max-context-len) a ShareGPT "human" turn, which Qwen3's template
+    # drops, went to the engine as the bare generation prompt, and the eval datasets' the same.
+    import shutil
+
+    from slime_rollout.generation.eval import _load_eval_prompts
+
+    model = tmp_path / "model"
+    shutil.copytree(qwen3_tokenizer_dir, model)
+    (model / "config.json").write_text('{"model_type": "qwen3"}')
+    human = [{"role": "human", "content": "2+2?"}]
+    spec = _write_jsonl(tmp_path / "d.jsonl", [{"question": "Hi"}, {"question": human}])
+    args = _args(prompt_data=spec, hf_checkpoint=str(model))
+    with pytest.raises(ValueError, match=r"d.jsonl line 2: the chat template left out message 0 \(role 'human'\)"):
+        RolloutDataSource(args)
+    with pytest.raises(ValueError, match=r"d.jsonl line 2: the chat template left out message 0 \(role 'human'\)"):
+        _load_eval_prompts(spec, "question", None, "metadata", "tools", str(model), False, "{}", None)
+    text = _write_jsonl(tmp_path / "t.jsonl", [{"question": "Hi"}])
+    assert len(RolloutDataSource(_args(prompt_data=text, hf_checkpoint=str(model)))) == 1  # text needs no tokenizer
