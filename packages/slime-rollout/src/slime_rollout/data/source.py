@@ -505,6 +505,21 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     def _buffered(self) -> list[Sample]:
         return [s for group in self.buffer for s in group]
 
+    # The original's accessors, which its rollout-buffer example (`slime_plugins/rollout_buffer`) and rollout
+    # functions written from it call on the data source they are handed.
+
+    def get_buffer_length(self) -> int:
+        """Number of groups in the buffer (groups, not samples, as in the original)."""
+        return len(self.buffer)
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """Merges `metadata` into the cursor's metadata, saved with the checkpoint (JSON values, string keys)."""
+        self.metadata.update(metadata)
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The cursor's metadata (the dict itself, as in the original)."""
+        return self.metadata
+
     def _state(self) -> dict[str, Any]:
         state = super()._state()
         state["buffer"] = [[s.to_dict() for s in group] for group in self.buffer]
