@@ -83,3 +83,15 @@ def test_numbers_and_nesting_python_cannot_read_name_the_line(tmp_path):
     path = tmp_path / "fine.jsonl"
     path.write_text('{"label": ' + "1" * 4000 + ', "deep": ' + "[" * 100 + "]" * 100 + "}\n")
     assert list(iter_jsonl(path))[0][1]["label"] == int("1" * 4000)
+
+
+_PADDING = [("\x0c", ""), ("", "\u00a0"), ("\u3000", ""), ("", "\x1c"), ("\x0b", "\x85")]
+
+
+@pytest.mark.parametrize(("before", "after"), _PADDING)
+def test_whitespace_around_an_object_is_read_past_as_a_blank_line_is(tmp_path, before, after):
+    # A line of only these characters is blank (skipped); around an object they failed the file as "invalid JSON
+    # (Extra data)", where the original strips the line and reads the row.
+    path = tmp_path / "ws.jsonl"
+    path.write_text(f'{before}{{"x": 1}}{after}\n{after}\n', encoding="utf-8")
+    assert list(iter_jsonl(path)) == [(1, {"x": 1})]

@@ -79,7 +79,9 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
     """
     for lineno, line in iter_jsonl_lines(path):
         try:
-            row = json.loads(line, object_pairs_hook=_unique_keys)
+            # Stripped as a blank line is judged (and as the original reads a row): a form feed, a no-break space or
+            # an ideographic space around the object is no JSON whitespace, and refused a row the original reads.
+            row = json.loads(line.strip(), object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
         except ValueError as e:  # Python's own limit: an integer of more than 4,300 digits
