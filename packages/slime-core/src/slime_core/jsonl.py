@@ -30,35 +30,40 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def iter_jsonl_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
-    """Yields `(line_number, text)` for each non-blank line of a JSONL file (1-based), without parsing it.
+    r"""Yields `(line_number, text)` for each non-blank line of a JSONL file (1-based), without parsing it.
 
     The one reader of a JSONL file's lines: `iter_jsonl` parses what it yields, and a row count (`--num-epoch`)
     counts it, so both see the same rows (a count of its own counted a line holding only the byte-order mark, and
-    failed on bad bytes naming no line).
+    failed on bad bytes naming no line). Lines end at `\n`, `\r\n` or a bare `\r`, as a text-mode read splits them.
 
     Raises:
         ValueError: `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`, or a line longer than `MAX_LINE_BYTES`.
     """
+    lineno = 0  # lines before this chunk: a chunk (read up to "\n") holds more than one when bare CRs end lines
     with open(path, "rb") as f:
-        for lineno in itertools.count(1):
+        for chunk in itertools.count(1):
             raw = f.readline(MAX_LINE_BYTES + 1)
             if not raw:
                 return
             if len(raw) > MAX_LINE_BYTES:
                 # One line read whole: a JSON array in one line, or a device (/dev/zero), filled the memory.
                 raise ValueError(
-                    f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES >> 20} MiB; not a JSONL row (one JSON object "
-                    "per line)"
+                    f"{path}:{lineno + 1}: a line longer than {MAX_LINE_BYTES >> 20} MiB; not a JSONL row (one JSON "
+                    "object per line)"
                 )
             try:
-                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+                text = raw.decode("utf-8-sig" if chunk == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise ValueError(
-                    f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                    f"{path}:{lineno + 1}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
                     "re-encode the file as UTF-8"
                 ) from None
-            if line.strip():
-                yield lineno, line
+            # Universal newlines, as a text-mode read (the original's) and editors count lines: a bare CR (old Mac
+            # line ends) ends a line too. JSON holds no raw CR inside a string, so no row is cut.
+            for line in text.replace("\r\n", "\n").split("\r") if "\r" in text else (text,):
+                lineno += 1
+                if line.strip():
+                    yield lineno, line
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
