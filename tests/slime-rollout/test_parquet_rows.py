@@ -128,3 +128,21 @@ def test_decimal_and_date_values_are_read_as_text_a_checkpoint_can_store(tmp_pat
     samples = rows_to_samples(rows, source=str(path), input_key="input", label_key="label")
     restored = json.loads(dumps_with_samples([s.to_dict() for s in samples], samples, what="test"))
     assert restored[0]["label"] == "3.50" and restored[0]["metadata"]["day"] == "2024-01-02"
+
+
+def test_a_column_named_twice_or_an_unreadable_file_is_one_error_naming_the_file(tmp_path):
+    # pyarrow failed with "Multiple matches for FieldRef.Name(label) in q: string ..." naming no file (the JSONL
+    # reader refuses a key given twice), and --num-epoch's row count with "Parquet magic bytes not found in footer".
+    from slime_rollout.data.prompt_rows import count_rows
+
+    path = tmp_path / "twice.parquet"
+    table = pa.Table.from_arrays([pa.array(["q1"]), pa.array(["1"]), pa.array(["2"])], names=["q", "label", "label"])
+    pq.write_table(table, path)
+    for read in (load_prompt_rows, count_rows):
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: column 'label' appears twice"):
+            read(str(path))
+    path = tmp_path / "not.parquet"
+    path.write_text('{"q": "a jsonl row"}\n')
+    for read in (load_prompt_rows, count_rows):
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: not a Parquet file pyarrow reads \(.*magic"):
+            read(str(path))

@@ -28,7 +28,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["read_parquet_rows"]
+__all__ = ["count_parquet_rows", "read_parquet_rows"]
 
 # Fields a null value of which means something: a message's `content` (an assistant turn of tool calls only).
 _KEEP_NULL = frozenset({"content"})
@@ -95,6 +95,38 @@ def _without_null_fields(value: Any, counter: list[int]) -> Any:
     return value
 
 
+def _checked_file(path: str | os.PathLike[str]) -> Any:
+    """The `pyarrow.parquet.ParquetFile` of `path`, its column names checked.
+
+    Raises:
+        ValueError: not a Parquet file pyarrow reads (pyarrow's message named no file), or a column name given twice
+            (pyarrow failed with "Multiple matches for FieldRef.Name(label)"; a row dict keeps one of them).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: not a Parquet file pyarrow reads ({e})") from None
+    names = parquet.schema_arrow.names
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(
+            f"{path}: column {twice[0]!r} appears twice (a row holds one value per name); keep the one you mean"
+        )
+    return parquet
+
+
+def count_parquet_rows(path: str | os.PathLike[str]) -> int:
+    """Rows of a Parquet file, from its metadata (no row is read).
+
+    Raises:
+        ValueError: as `read_parquet_rows` for an unreadable file or a column name given twice (names the file).
+    """
+    return _checked_file(path).metadata.num_rows
+
+
 def read_parquet_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Reads a Parquet file's rows: struct fields a row's object lacked left out, decimals and dates as text.
 
@@ -107,11 +139,15 @@ def read_parquet_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         One dict per row, in file order.
 
     Raises:
-        ValueError: a map value holds one key twice (names the file).
+        ValueError: not a Parquet file pyarrow reads, a column name given twice, or a map value holding one key
+            twice (each names the file).
     """
-    import pyarrow.parquet as pq
+    import pyarrow as pa
 
-    table = pq.read_table(path)
+    try:
+        table = _checked_file(path).read()
+    except pa.ArrowException as e:  # damaged column chunks past a readable footer
+        raise ValueError(f"{path}: not a Parquet file pyarrow reads ({e})") from None
     try:
         # A map column (Spark's and Hive's MapType: a metadata column of string pairs) as the dicts it was written
         # from; pyarrow's default gives lists of (key, value) tuples, which no metadata or tools reader takes.

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from slime_core.jsonl import iter_jsonl, iter_jsonl_lines
-from slime_rollout.data.parquet_rows import read_parquet_rows
+from slime_rollout.data.parquet_rows import count_parquet_rows, read_parquet_rows
 
 __all__ = ["PromptRows", "count_rows", "data_dir", "load_prompt_rows"]
 
@@ -102,13 +102,12 @@ def count_rows(spec: str) -> int:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: unknown extension, a JSONL line that is not UTF-8 or is too long (names `file:line`).
+        ValueError: unknown extension, a JSONL line that is not UTF-8 or is too long (names `file:line`), a Parquet
+            file pyarrow cannot read or with a column name given twice.
     """
     path, start, end = _split_spec(spec)
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        total = pq.ParquetFile(path).metadata.num_rows
+        total = count_parquet_rows(path)
     elif path.suffix == ".jsonl":
         total = sum(1 for _ in iter_jsonl_lines(path))  # the lines `load_prompt_rows` reads, unparsed
     else:
