@@ -631,3 +631,18 @@ def test_message_prompts_are_checked_when_no_length_limit_loads_the_tokenizer(tm
         _load_eval_prompts(spec, "question", None, "metadata", "tools", str(model), False, "{}", None)
     text = _write_jsonl(tmp_path / "t.jsonl", [{"question": "Hi"}])
     assert len(RolloutDataSource(_args(prompt_data=text, hf_checkpoint=str(model)))) == 1  # text needs no tokenizer
+
+
+def test_a_slice_that_ends_early_reads_no_row_past_its_end(tmp_path):
+    # `data.jsonl@[0:2]` read the whole file, so a bad line past the slice stopped the run (the original's islice
+    # stops at the slice's end); a slice counted from the end still reads all of it.
+    from slime_rollout.data.prompt_rows import count_rows
+
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"question": "q1"}\n\n{"question": "q2"}\n{"question": "q3"}\n{"question": \n\xff\n')
+    rows = load_prompt_rows(f"{path}@[0:2]")
+    assert [r["question"] for r in rows] == ["q1", "q2"] and rows.positions == [1, 3]
+    assert [r["question"] for r in load_prompt_rows(f"{path}@[1:3]")] == ["q2", "q3"]
+    assert count_rows(f"{path}@[:3]") == 3
+    with pytest.raises(ValueError, match=r"d\.jsonl:5: invalid JSON"):
+        load_prompt_rows(f"{path}@[-2:]")

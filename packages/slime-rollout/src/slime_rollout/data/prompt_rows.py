@@ -6,6 +6,7 @@ name a bad row by its file line (JSONL) or row index (Parquet).
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 import re
 from collections.abc import Iterable, Sequence
@@ -66,7 +67,7 @@ def load_prompt_rows(spec: str) -> PromptRows:
     """
     path, start, end = _split_spec(spec)
     if path.suffix == ".jsonl":
-        located = list(iter_jsonl(path))
+        located = list(itertools.islice(iter_jsonl(path), _last_row(start, end)))
         rows, positions, unit = [row for _, row in located], [line for line, _ in located], "line"
     elif path.suffix == ".parquet":
         rows = read_parquet_rows(path)  # a struct's fields that a row lacked are absent, not None
@@ -74,6 +75,17 @@ def load_prompt_rows(spec: str) -> PromptRows:
     else:
         raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
     return PromptRows(rows[start:end], positions=positions[start:end], unit=unit)
+
+
+def _last_row(start: int | None, end: int | None) -> int | None:
+    """How many JSONL rows a slice needs read: `end` when neither bound counts from the end, else all (None).
+
+    As the original's `islice`: `data.jsonl@[0:1000]` read the whole file (a bad line past row 1,000 stopped the run,
+    and a large file was held in memory for its first rows).
+    """
+    if end is not None and end >= 0 and (start is None or start >= 0):
+        return end
+    return None
 
 
 def _split_spec(spec: str) -> tuple[pathlib.Path, int | None, int | None]:
@@ -109,7 +121,7 @@ def count_rows(spec: str) -> int:
     if path.suffix == ".parquet":
         total = count_parquet_rows(path)
     elif path.suffix == ".jsonl":
-        total = sum(1 for _ in iter_jsonl_lines(path))  # the lines `load_prompt_rows` reads, unparsed
+        total = sum(1 for _ in itertools.islice(iter_jsonl_lines(path), _last_row(start, end)))  # as load_prompt_rows
     else:
         raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
     return len(range(total)[start:end])
