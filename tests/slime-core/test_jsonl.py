@@ -83,3 +83,29 @@ def test_numbers_and_nesting_python_cannot_read_name_the_line(tmp_path):
     path = tmp_path / "fine.jsonl"
     path.write_text('{"label": ' + "1" * 4000 + ', "deep": ' + "[" * 100 + "]" * 100 + "}\n")
     assert list(iter_jsonl(path))[0][1]["label"] == int("1" * 4000)
+
+
+_PADDING = [("\x0c", ""), ("", "\u00a0"), ("\u3000", ""), ("", "\x1c"), ("\x0b", "\x85")]
+
+
+@pytest.mark.parametrize(("before", "after"), _PADDING)
+def test_whitespace_around_an_object_is_read_past_as_a_blank_line_is(tmp_path, before, after):
+    # A line of only these characters is blank (skipped); around an object they failed the file as "invalid JSON
+    # (Extra data)", where the original strips the line and reads the row.
+    path = tmp_path / "ws.jsonl"
+    path.write_text(f'{before}{{"x": 1}}{after}\n{after}\n', encoding="utf-8")
+    assert list(iter_jsonl(path)) == [(1, {"x": 1})]
+
+
+def test_a_bare_carriage_return_ends_a_line_as_a_text_mode_read_says(tmp_path):
+    # Old-Mac line ends (CR only), or a CR between two rows: read whole, the file failed at line 1 as "invalid JSON
+    # (Extra data)", where the original's text-mode read (universal newlines) gives the rows. CRLF stays one end.
+    from slime_core.jsonl import iter_jsonl_lines
+
+    path = tmp_path / "cr.jsonl"
+    path.write_bytes(b'{"x": 1}\r{"x": 2}\r\r{"x": "a\\rb"}\r\n{"x": 4}\n')
+    assert list(iter_jsonl(path)) == [(1, {"x": 1}), (2, {"x": 2}), (4, {"x": "a\rb"}), (5, {"x": 4})]
+    assert [n for n, _ in iter_jsonl_lines(path)] == [1, 2, 4, 5]
+    path.write_bytes(b'{"x": 1}\r{"x": \r')
+    with pytest.raises(ValueError, match=r"cr\.jsonl:2: invalid JSON"):
+        list(iter_jsonl(path))

@@ -594,3 +594,55 @@ def test_tools_a_chat_template_leaves_out_name_the_row(tmp_path, qwen3_tokenizer
         load_prompt_rows(spec), source=spec, input_key="q", tokenizer=tok, apply_chat_template=True
     )
     assert '"name": "calculator"' in samples[1].prompt and samples[1].metadata["tools"] == tools
+
+
+def test_the_row_count_of_num_epoch_is_the_rows_the_data_source_reads(tmp_path):
+    # --num-epoch counts the rows without reading them (count_rows); its own text-mode count counted a line holding
+    # only the byte-order mark (an Excel export's blank first line) as a row, and bad bytes failed with a bare
+    # UnicodeDecodeError naming no line.
+    from slime_rollout.data.prompt_rows import count_rows, load_prompt_rows
+
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf\r\n{"question": "q1"}\r\n\r\n{"question": "q2"}\r\n')
+    assert count_rows(str(path)) == len(load_prompt_rows(str(path))) == 2
+    assert count_rows(f"{path}@[1:]") == 1
+    path.write_bytes(b'{"question": "q1"}\n{"question": "\xff"}\n')
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: not UTF-8"):
+        count_rows(str(path))
+
+
+def test_message_prompts_are_checked_when_no_length_limit_loads_the_tokenizer(tmp_path, qwen3_tokenizer_dir):
+    # The data source loaded the tokenizer only to template or to measure prompts: with no length limit (a config
+    # without max_position_embeddings, no --rollout-max-context-len) a ShareGPT "human" turn, which Qwen3's template
+    # drops, went to the engine as the bare generation prompt, and the eval datasets' the same.
+    import shutil
+
+    from slime_rollout.generation.eval import _load_eval_prompts
+
+    model = tmp_path / "model"
+    shutil.copytree(qwen3_tokenizer_dir, model)
+    (model / "config.json").write_text('{"model_type": "qwen3"}')
+    human = [{"role": "human", "content": "2+2?"}]
+    spec = _write_jsonl(tmp_path / "d.jsonl", [{"question": "Hi"}, {"question": human}])
+    args = _args(prompt_data=spec, hf_checkpoint=str(model))
+    with pytest.raises(ValueError, match=r"d.jsonl line 2: the chat template left out message 0 \(role 'human'\)"):
+        RolloutDataSource(args)
+    with pytest.raises(ValueError, match=r"d.jsonl line 2: the chat template left out message 0 \(role 'human'\)"):
+        _load_eval_prompts(spec, "question", None, "metadata", "tools", str(model), False, "{}", None)
+    text = _write_jsonl(tmp_path / "t.jsonl", [{"question": "Hi"}])
+    assert len(RolloutDataSource(_args(prompt_data=text, hf_checkpoint=str(model)))) == 1  # text needs no tokenizer
+
+
+def test_a_slice_that_ends_early_reads_no_row_past_its_end(tmp_path):
+    # `data.jsonl@[0:2]` read the whole file, so a bad line past the slice stopped the run (the original's islice
+    # stops at the slice's end); a slice counted from the end still reads all of it.
+    from slime_rollout.data.prompt_rows import count_rows
+
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"question": "q1"}\n\n{"question": "q2"}\n{"question": "q3"}\n{"question": \n\xff\n')
+    rows = load_prompt_rows(f"{path}@[0:2]")
+    assert [r["question"] for r in rows] == ["q1", "q2"] and rows.positions == [1, 3]
+    assert [r["question"] for r in load_prompt_rows(f"{path}@[1:3]")] == ["q2", "q3"]
+    assert count_rows(f"{path}@[:3]") == 3
+    with pytest.raises(ValueError, match=r"d\.jsonl:5: invalid JSON"):
+        load_prompt_rows(f"{path}@[-2:]")

@@ -192,3 +192,20 @@ def test_a_load_naming_an_iteration_folder_reads_the_cursor_of_its_save_folder(t
         resumed.load(4)
     assert [g[0].prompt for g in resumed.get_samples(4)] == expected
     assert "no data-source cursor" not in caplog.text
+
+
+def test_the_original_buffer_accessors_work_and_their_metadata_survives_a_resume(tmp_path):
+    # The original's rollout-buffer example calls data_buffer.get_metadata(), get_buffer_length() and
+    # update_metadata({str(rollout_id): [...]}) on the data source it is handed: each was an AttributeError here.
+    spec = _write_jsonl(tmp_path / "d.jsonl", ROWS)
+    args = _args(prompt_data=spec, save=str(tmp_path / "ckpt"), load=str(tmp_path / "ckpt"))
+    ds = RolloutDataSourceWithBuffer(args)
+    assert ds.get_buffer_length() == 0 and ds.get_metadata() == {}
+    ds.add_samples(ds.get_samples(2))
+    assert ds.get_buffer_length() == 2  # groups, as in the original
+    ds.update_metadata({"3": [7, 8]})
+    ds.update_metadata({"4": [9]})
+    ds.save(4)
+    resumed = RolloutDataSourceWithBuffer(args)
+    resumed.load(4)
+    assert resumed.get_metadata() == {"3": [7, 8], "4": [9]} and resumed.get_buffer_length() == 2

@@ -98,3 +98,51 @@ def test_a_map_column_is_read_as_dicts(tmp_path):
     pq.write_table(pa.table({"input": ["q"], "metadata": twice}), path)
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: a map column holds a key twice in one row .*'k'"):
         load_prompt_rows(str(path))
+
+
+def test_decimal_and_date_values_are_read_as_text_a_checkpoint_can_store(tmp_path, caplog):
+    # pyarrow gives Decimal and datetime objects; a sample holding one (a decimal label, a date in the metadata) failed
+    # the --save of the partial-rollout buffer mid-run: "field 'label' holds a value of type Decimal, which JSON
+    # cannot store".
+    import datetime
+    import decimal
+
+    from slime_core.sample_json import dumps_with_samples
+
+    table = pa.table({
+        "input": ["1+2.5?", "0?"],
+        "label": pa.array([decimal.Decimal("3.50"), decimal.Decimal(0)], pa.decimal128(12, 2)),
+        "metadata": [{"day": datetime.date(2024, 1, 2), "at": datetime.datetime(2024, 1, 2, 3, 4, 5), "k": 1},
+                     {"day": None, "at": None, "k": 2}],
+        "tiny": pa.array([decimal.Decimal("0E-10"), None], pa.decimal128(12, 10)),
+        "days": pa.array([[datetime.date(2024, 5, 6)], []], pa.list_(pa.date32())),
+    })  # fmt: skip
+    path = tmp_path / "typed.parquet"
+    pq.write_table(table, path)
+    with caplog.at_level(logging.INFO, logger="slime_rollout.data.parquet_rows"):
+        rows = load_prompt_rows(str(path))
+    assert [r["label"] for r in rows] == ["3.50", "0.00"]
+    assert rows[0]["metadata"] == {"day": "2024-01-02", "at": "2024-01-02T03:04:05", "k": 1}
+    assert [r["tiny"] for r in rows] == ["0.0000000000", None] and [r["days"] for r in rows] == [["2024-05-06"], []]
+    assert any("6 decimal or date/time values" in r.getMessage() for r in caplog.records)
+    samples = rows_to_samples(rows, source=str(path), input_key="input", label_key="label")
+    restored = json.loads(dumps_with_samples([s.to_dict() for s in samples], samples, what="test"))
+    assert restored[0]["label"] == "3.50" and restored[0]["metadata"]["day"] == "2024-01-02"
+
+
+def test_a_column_named_twice_or_an_unreadable_file_is_one_error_naming_the_file(tmp_path):
+    # pyarrow failed with "Multiple matches for FieldRef.Name(label) in q: string ..." naming no file (the JSONL
+    # reader refuses a key given twice), and --num-epoch's row count with "Parquet magic bytes not found in footer".
+    from slime_rollout.data.prompt_rows import count_rows
+
+    path = tmp_path / "twice.parquet"
+    table = pa.Table.from_arrays([pa.array(["q1"]), pa.array(["1"]), pa.array(["2"])], names=["q", "label", "label"])
+    pq.write_table(table, path)
+    for read in (load_prompt_rows, count_rows):
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: column 'label' appears twice"):
+            read(str(path))
+    path = tmp_path / "not.parquet"
+    path.write_text('{"q": "a jsonl row"}\n')
+    for read in (load_prompt_rows, count_rows):
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: not a Parquet file pyarrow reads \(.*magic"):
+            read(str(path))

@@ -6,13 +6,14 @@ name a bad row by its file line (JSONL) or row index (Parquet).
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from slime_core.jsonl import iter_jsonl
-from slime_rollout.data.parquet_rows import read_parquet_rows
+from slime_core.jsonl import iter_jsonl, iter_jsonl_lines
+from slime_rollout.data.parquet_rows import count_parquet_rows, read_parquet_rows
 
 __all__ = ["PromptRows", "count_rows", "data_dir", "load_prompt_rows"]
 
@@ -66,7 +67,7 @@ def load_prompt_rows(spec: str) -> PromptRows:
     """
     path, start, end = _split_spec(spec)
     if path.suffix == ".jsonl":
-        located = list(iter_jsonl(path))
+        located = list(itertools.islice(iter_jsonl(path), _last_row(start, end)))
         rows, positions, unit = [row for _, row in located], [line for line, _ in located], "line"
     elif path.suffix == ".parquet":
         rows = read_parquet_rows(path)  # a struct's fields that a row lacked are absent, not None
@@ -74,6 +75,17 @@ def load_prompt_rows(spec: str) -> PromptRows:
     else:
         raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
     return PromptRows(rows[start:end], positions=positions[start:end], unit=unit)
+
+
+def _last_row(start: int | None, end: int | None) -> int | None:
+    """How many JSONL rows a slice needs read: `end` when neither bound counts from the end, else all (None).
+
+    As the original's `islice`: `data.jsonl@[0:1000]` read the whole file (a bad line past row 1,000 stopped the run,
+    and a large file was held in memory for its first rows).
+    """
+    if end is not None and end >= 0 and (start is None or start >= 0):
+        return end
+    return None
 
 
 def _split_spec(spec: str) -> tuple[pathlib.Path, int | None, int | None]:
@@ -98,15 +110,18 @@ def _split_spec(spec: str) -> tuple[pathlib.Path, int | None, int | None]:
 
 
 def count_rows(spec: str) -> int:
-    """Rows of a prompt file (slice applied), without reading the rows themselves."""
+    """Rows of a prompt file (slice applied), without parsing them: as many as `load_prompt_rows` gives.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: unknown extension, a JSONL line that is not UTF-8 or is too long (names `file:line`), a Parquet
+            file pyarrow cannot read or with a column name given twice.
+    """
     path, start, end = _split_spec(spec)
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        total = pq.ParquetFile(path).metadata.num_rows
+        total = count_parquet_rows(path)
     elif path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            total = sum(1 for line in f if line.strip())
+        total = sum(1 for _ in itertools.islice(iter_jsonl_lines(path), _last_row(start, end)))  # as load_prompt_rows
     else:
         raise ValueError(f"{path}: unsupported format {path.suffix!r} (use .jsonl or .parquet)")
     return len(range(total)[start:end])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from slime_core.error_text import preview
@@ -17,6 +18,7 @@ from slime_core.lone_surrogates import lone_surrogate_index
 __all__ = [
     "TRAINING_KEY_FLAGS",
     "KeyFlags",
+    "has_message_prompts",
     "message_texts",
     "messages_from_json",
     "prompt_problem",
@@ -80,6 +82,15 @@ def messages_from_json(prompt: Any) -> list[dict[str, Any]] | None:
 
 
 _MESSAGE = frozenset({"role", "content"})
+
+
+def has_message_prompts(rows: Iterable[Mapping[str, Any]], input_key: str) -> bool:
+    """Whether some row's `input_key` holds chat messages (a list, or their JSON text: `messages_from_json`).
+
+    Such a prompt is rendered with the tokenizer's chat template even without `--apply-chat-template` (the default
+    generate function does), so the data source needs the tokenizer to check it while it reads the rows.
+    """
+    return any(isinstance(v := row.get(input_key), list) or messages_from_json(v) is not None for row in rows)
 
 
 def prompt_problem(prompt: Any, input_key: str, flag: str = "--input-key") -> str | None:

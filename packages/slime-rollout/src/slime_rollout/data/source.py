@@ -40,6 +40,7 @@ from slime_rollout.data.prompt_rows import PromptRows, count_rows, data_dir, loa
 from slime_rollout.data.rows import (
     TRAINING_KEY_FLAGS,
     KeyFlags,
+    has_message_prompts,
     messages_from_json,
     prompt_problem,
     row_metadata,
@@ -249,6 +250,23 @@ def _warn_missing_columns(rows: Sequence[dict[str, Any]], source: str, columns: 
             )  # fmt: skip
 
 
+def _needs_tokenizer(args: Any, max_prompt_len: int | None, rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether reading `rows` needs the `--hf-checkpoint` tokenizer: to template or measure prompts, or to check them.
+
+    Message prompts are rendered by the default generate function even without `--apply-chat-template`, so they are
+    checked with the template while read (`rows_to_samples`); without a length limit (a config without
+    `max_position_embeddings`) no tokenizer was loaded and a role the template drops reached the engine unchecked.
+
+    Args:
+        args: reads `apply_chat_template`, `hf_checkpoint`, `input_key` (an eval dataset's: the caller's view).
+        max_prompt_len: the limit in force, or None.
+        rows: the rows to read.
+    """
+    if args.apply_chat_template or max_prompt_len:
+        return True
+    return bool(args.hf_checkpoint) and has_message_prompts(rows, args.input_key)
+
+
 def _prompt_len(tokenizer: Any, prompt: Any, images: list[str], processor_path: str | None, where: str) -> int:
     """Prompt tokens as the engine sees them: image placeholders expanded when the prompt has images.
 
@@ -306,9 +324,8 @@ class RolloutDataSource:
         if args.rollout_max_prompt_len is None and max_prompt_len is not None:
             flag += " (default: the context less one token)"
             logger.info("--rollout-max-prompt-len not set: prompts longer than %d tokens are dropped", max_prompt_len)
-        need_tokenizer = args.apply_chat_template or max_prompt_len
-        tokenizer = get_tokenizer(args.hf_checkpoint) if need_tokenizer else None
         rows = load_prompt_rows(args.prompt_data) if rows is None else rows
+        tokenizer = get_tokenizer(args.hf_checkpoint) if _needs_tokenizer(args, max_prompt_len, rows) else None
         self.prompts = rows_to_samples(
             rows,
             source=str(args.prompt_data),
@@ -487,6 +504,21 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
 
     def _buffered(self) -> list[Sample]:
         return [s for group in self.buffer for s in group]
+
+    # The original's accessors, which its rollout-buffer example (`slime_plugins/rollout_buffer`) and rollout
+    # functions written from it call on the data source they are handed.
+
+    def get_buffer_length(self) -> int:
+        """Number of groups in the buffer (groups, not samples, as in the original)."""
+        return len(self.buffer)
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """Merges `metadata` into the cursor's metadata, saved with the checkpoint (JSON values, string keys)."""
+        self.metadata.update(metadata)
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The cursor's metadata (the dict itself, as in the original)."""
+        return self.metadata
 
     def _state(self) -> dict[str, Any]:
         state = super()._state()

@@ -39,7 +39,7 @@ from slime_core.config.validation_multimodal import check_multimodal_keys
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data.prompt_length import default_max_prompt_len
-from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags
+from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, has_message_prompts
 from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_samples
 from slime_rollout.generation.generate import build_sampling_params
 from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm, seeded_params
@@ -294,9 +294,12 @@ def _load_eval_prompts(path: str, input_key: str, label_key: str | None, metadat
                        multimodal_keys: tuple = (),
                        key_flags: KeyFlags = TRAINING_KEY_FLAGS,
                        number_prompts: bool = False) -> tuple[Sample, ...]:  # fmt: skip
-    tokenizer = get_tokenizer(hf_checkpoint) if (apply_chat_template or max_prompt_len) else None
+    rows = load_prompt_rows(path)
+    # Message prompts are checked with the template the default generate renders them with, limit or not.
+    messages = bool(hf_checkpoint) and has_message_prompts(rows, input_key)
+    tokenizer = get_tokenizer(hf_checkpoint) if (apply_chat_template or max_prompt_len or messages) else None
     samples = rows_to_samples(
-        load_prompt_rows(path),
+        rows,
         source=path,
         input_key=input_key,
         label_key=label_key,
