@@ -83,3 +83,16 @@ def test_numbers_and_nesting_python_cannot_read_name_the_line(tmp_path):
     path = tmp_path / "fine.jsonl"
     path.write_text('{"label": ' + "1" * 4000 + ', "deep": ' + "[" * 100 + "]" * 100 + "}\n")
     assert list(iter_jsonl(path))[0][1]["label"] == int("1" * 4000)
+
+
+def test_invalid_json_names_the_column_and_reads_as_a_sentence(tmp_path):
+    # A raw tab inside a string (a spreadsheet export): json's message alone was "Invalid control character at".
+    bad = tmp_path / "tab.jsonl"
+    bad.write_text('{"x": 1}\n{"prompt": "a\tb"}\n')
+    with pytest.raises(ValueError) as info:
+        list(iter_jsonl(bad))
+    assert str(info.value).endswith("tab.jsonl:2: invalid JSON (Invalid control character at column 14)")
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text('{"prompt": \n')
+    with pytest.raises(ValueError, match=r"cut\.jsonl:1: invalid JSON \(Expecting value at column 13\)$"):
+        list(iter_jsonl(cut))
