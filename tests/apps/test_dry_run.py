@@ -573,3 +573,20 @@ def test_a_checkpoint_as_load_of_a_rollout_only_run_is_said_to_be_unread(model, 
     ]
     with pytest.raises(ValueError, match="holds no optimizer state"):  # the same folder for a training run
         check_checkpoints(cfg.model_copy(update={"debug_rollout_only": False}))
+
+
+def test_dry_run_on_cpu_says_that_a_run_here_is_refused_for_its_hardware(model, data, monkeypatch, capsys):
+    # Issue 27 (s22): the original qwen3-4B script (Megatron, 8 GPUs) checked on a CPU machine said only "the
+    # configuration is valid"; the same flags without --dry-run were then refused at once on that machine.
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    flags = _flags(model, data, "--num-rollout", "1", "--actor-num-gpus-per-node", "1")
+    assert main(["--dry-run", *flags, "--train-backend", "megatron"]) == 0
+    assert (
+        "  this machine: a run here is refused (--train-backend megatron needs CUDA GPUs; on this machine use "
+        "--train-backend fsdp); the plan above is for GPU machines\n"
+    ) in capsys.readouterr().out
+    assert main(["--dry-run", *flags]) == 0  # FSDP with one rank runs here: nothing said
+    assert "this machine:" not in capsys.readouterr().out

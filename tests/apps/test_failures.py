@@ -110,6 +110,50 @@ sys.exit(main(sys.argv[1:]))
     assert "Traceback" not in out.stderr
 
 
+def test_a_save_cut_by_a_full_disk_leaves_no_partial_copy_and_the_same_command_starts_afresh(tmp_path):
+    # Issue 27 (s22), on a 30 MB tmpfs: the failed first save left its 30 MB iter_0000001.tmp (the disk stayed full)
+    # and the same command again (--save X --load X) was refused as "an unknown checkpoint".
+    save = tmp_path / "ckpt"
+    script = f"""
+import pathlib, sys
+from slime_app import failures, loop
+class Run:
+    def __init__(self, cfg):
+        pass
+    def run(self):
+        staging = pathlib.Path({str(save)!r}) / "iter_0000001.tmp"
+        staging.mkdir()
+        (staging / ".slime_export").write_text("")
+        (staging / "__0_0.distcp").write_bytes(bytes(1000))
+        (staging.parent / "rollout").mkdir()
+        (staging.parent / "rollout" / "data_source_0.json").write_text("{{}}")
+        raise failures.save_failed("the checkpoint of rollout 0", "--save", {str(save)!r},
+                                  OSError(28, "No space left on device"))
+    def close(self):
+        pass
+loop.Run = Run
+from slime_app.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+    argv = ["--hf-checkpoint", str(MODEL_DIR), "--rollout-batch-size", "1", "--num-rollout", "1",
+            "--rollout-max-response-len", "8", "--output-dir", str(tmp_path / "out"), "--rollout-engine", "reference",
+            "--train-backend", "fsdp", "--actor-num-gpus-per-node", "1",
+            "--save", str(save), "--load", str(save)]  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+    assert out.returncode == 5, out.stderr[-3000:]
+    assert out.stderr.splitlines()[-2:] == [
+        f"slime: error: saving the checkpoint of rollout 0 to --save {save} failed: OSError: [Errno 28] No space left "
+        f"on device ({out.stderr.split('device (')[1].split(')')[0]}); no complete checkpoint there yet",
+        f"slime: removed {save / 'iter_0000001.tmp'}: a save cut short, never a checkpoint",
+    ]
+    assert not (save / "iter_0000001.tmp").exists()
+    from slime_app.checkpoints import check_checkpoints
+    from slime_core.config import parse_args
+
+    assert f"--load {save}: no checkpoint yet, the run starts at rollout 0" in check_checkpoints(parse_args(argv))
+
+
 def test_an_interrupted_run_names_the_checkpoint_a_resume_loads(tmp_path):
     # Issue 27 pass 27: SIGTERM (or Ctrl-C) in the middle of a save said only "interrupted"; which checkpoint a
     # --load would resume was left to guess. The line comes after the teardown, where the cut save is settled.

@@ -101,6 +101,18 @@ def test_moe_tiny_preset_is_a_routing_qwen3_moe(tmp_path):
     hidden = model.model.embed_tokens(torch.arange(0, 4000, 40))  # 100 tokens
     routes = {tuple(sorted(r)) for r in torch.topk(hidden @ router.T, 2).indices.tolist()}
     assert len(routes) >= 8, routes  # of the 28 pairs of experts, the tokens use many
+    # Stored as a published Qwen3-MoE checkpoint is: one matrix per expert (transformers 5 fuses them in memory
+    # only). Written fused, slime's shape check refused the preset the README points to for routing replay.
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert f.get_slice("model.layers.1.mlp.experts.7.gate_proj.weight").get_shape() == [32, 64]
+        assert f.get_slice("model.layers.1.mlp.experts.7.down_proj.weight").get_shape() == [64, 32]
+    assert not any(n.endswith(("experts.gate_up_proj", "experts.down_proj")) for n in names)
+    assert sum(".mlp.experts." in n for n in names) == 2 * 8 * 3
+    from slime_convert.load_shapes import check_hf_checkpoint
+    from slime_convert.model_args import ModelArgs
+
+    check_hf_checkpoint("--hf-checkpoint", out, ModelArgs.from_hf_dir(out), config_dir=out)  # what a run checks
 
 
 def test_sharded_output_equals_single_file(tiny_dir, tmp_path):

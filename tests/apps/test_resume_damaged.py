@@ -242,3 +242,51 @@ def test_a_cut_critic_save_is_restored_with_the_actors(save):
         "its two renames; the copy is complete)"
     )
     assert complete_iterations(critic) == [1, 2]
+
+
+# ---- a first save that never completed (a full disk, a crash or Ctrl-C during it) -----------------------------------
+
+
+def _cut_first_save(root):
+    """What a run whose first save failed leaves in --save: its data cursor, the partial staging folder, its lock."""
+    (root / "rollout").mkdir(parents=True)
+    (root / "rollout" / "data_source_0.json").write_text('{"epoch": 0, "offset": 4}')
+    (root / "iter_0000001.tmp" / "model_and_optim").mkdir(parents=True)
+    (root / "iter_0000001.tmp" / ".slime_export").write_text("")
+    (root / "iter_0000001.tmp" / "model_and_optim" / "__0_0.distcp").write_bytes(b"\0" * 64)
+    (root / ".slime-run.lock").write_text("")
+
+
+def test_a_save_folder_whose_first_save_was_cut_starts_afresh(tmp_path):
+    # Issue 27 (s22): a 30 MB tmpfs as --save; the first save failed ("... no complete checkpoint there yet", exit 5)
+    # and the same command again (the original's --save X --load X) was refused: "--load X: an unknown checkpoint;
+    # --train-backend fsdp resumes its own fsdp checkpoints".
+    from slime_app.checkpoint_kinds import checkpoint_kind
+
+    root = tmp_path / "ckpt"
+    _cut_first_save(root)
+    (root / "critic").mkdir()  # PPO: the critic's save folder, as cut
+    assert checkpoint_kind(root) == "empty"
+    assert check_checkpoints(_cfg(root, "--save", str(root))) == [
+        f"--load {root}: no checkpoint yet, the run starts at rollout 0"
+    ]
+    (root / "notes.txt").write_text("mine")  # anything else is not a run's leftover: still not taken for empty
+    assert checkpoint_kind(root) == "unknown"
+
+
+def test_a_finished_run_removes_its_cut_saves_and_nothing_else(tmp_path):
+    from slime_app.outputs import remove_cut_saves
+
+    root = tmp_path / "ckpt"
+    _cut_first_save(root)
+    (root / "iter_0000002").mkdir()
+    (root / "iter_0000002" / "meta.json").write_text("{}")
+    (root / "iter_0000003.tmp").mkdir()  # no marker: not known to be slime's, left alone
+    (root / "critic" / "iter_0000001.tmp").mkdir(parents=True)
+    (root / "critic" / "iter_0000001.tmp" / ".slime_export").write_text("")
+    cfg = _cfg(root, "--save", str(root), "--advantage-estimator", "ppo")
+    assert remove_cut_saves(cfg) == [root / "iter_0000001.tmp", root / "critic" / "iter_0000001.tmp"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        ".slime-run.lock", "critic", "iter_0000002", "iter_0000003.tmp", "rollout"
+    ]  # fmt: skip
+    assert remove_cut_saves(_cfg(root)) == []  # no --save: nothing is touched

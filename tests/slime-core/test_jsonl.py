@@ -109,3 +109,16 @@ def test_a_bare_carriage_return_ends_a_line_as_a_text_mode_read_says(tmp_path):
     path.write_bytes(b'{"x": 1}\r{"x": \r')
     with pytest.raises(ValueError, match=r"cr\.jsonl:2: invalid JSON"):
         list(iter_jsonl(path))
+
+
+def test_invalid_json_names_the_column_and_reads_as_a_sentence(tmp_path):
+    # A raw tab inside a string (a spreadsheet export): json's message alone was "Invalid control character at".
+    bad = tmp_path / "tab.jsonl"
+    bad.write_text('{"x": 1}\n{"prompt": "a\tb"}\n')
+    with pytest.raises(ValueError) as info:
+        list(iter_jsonl(bad))
+    assert str(info.value).endswith("tab.jsonl:2: invalid JSON (Invalid control character at column 14)")
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text('{"prompt": \n')
+    with pytest.raises(ValueError, match=r"cut\.jsonl:1: invalid JSON \(Expecting value at column 11\)$"):
+        list(iter_jsonl(cut))

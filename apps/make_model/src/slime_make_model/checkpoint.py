@@ -13,6 +13,7 @@ depend on the token. A Qwen3-VL preset (``qwen3-vl-tiny``) also gets the process
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -106,14 +107,37 @@ def _model_class(config: PretrainedConfig) -> type:
     return Qwen3MoeForCausalLM if isinstance(config, Qwen3MoeConfig) else Qwen3ForCausalLM
 
 
+# transformers >= 5 holds an MoE block's experts fused: `experts.gate_up_proj` [E, 2*I, H], `experts.down_proj`
+# [E, H, I].
+_FUSED_EXPERTS = re.compile(r"(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)")
+
+
+def _stored_shapes(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """A model parameter as the checkpoint names it: fused experts become one matrix per expert.
+
+    Published Qwen3-MoE checkpoints, SGLang's loader and slime's shape check name them so
+    (`experts.{e}.gate_proj.weight` `[I, H]`); written fused, the preset was refused by slime
+    ("...experts.0.gate_proj.weight is missing").
+    """
+    m = _FUSED_EXPERTS.fullmatch(name)
+    if m is None or len(shape) != 3:
+        return [(name, shape)]
+    experts, rows, cols = shape
+    if m["proj"] == "down_proj":
+        return [(f"{m['prefix']}.{e}.down_proj.weight", (rows, cols)) for e in range(experts)]
+    half = (rows // 2, cols)  # gate rows, then up rows
+    return [(f"{m['prefix']}.{e}.{proj}.weight", half) for e in range(experts) for proj in ("gate_proj", "up_proj")]
+
+
 def parameter_shapes(config: PretrainedConfig) -> dict[str, tuple[int, ...]]:
     """Returns ``{name: shape}`` of the tensors a checkpoint stores, built on the meta device (no memory).
 
-    A tied ``lm_head.weight`` is omitted: it is the embedding.
+    A tied ``lm_head.weight`` is omitted: it is the embedding. MoE experts are named per expert, as on disk
+    (`_stored_shapes`), not fused as transformers holds them in memory.
     """
     with torch.device("meta"):
         model = _model_class(config)(config)
-    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    shapes = dict(pair for n, t in model.state_dict().items() for pair in _stored_shapes(n, tuple(t.shape)))
     if config.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
     return shapes

@@ -109,6 +109,7 @@ def _main(argv: list[str]) -> int:
     )
     from slime_app.guards import RunStopped, StartRefused
     from slime_app.loop import Run
+    from slime_app.outputs import remove_cut_saves
     from slime_app.ray_start import RayAddressError, RayStartupError
     from slime_app.run_lock import release_run_folders
 
@@ -150,6 +151,9 @@ def _main(argv: list[str]) -> int:
     finally:
         if run is not None:
             run.close()
+        if not ray_address(cfg):  # the locks are held (see above): no save is writing there now
+            for staging in remove_cut_saves(cfg):
+                print(f"slime: removed {staging}: a save cut short, never a checkpoint", file=sys.stderr, flush=True)
         release_run_folders()  # after the last write of the run (an in-process caller may start another)
         # After the teardown: a save the signal cut is either committed by now or never will be.
         if interrupted and (resume := interrupted_resume_line(cfg.save)):

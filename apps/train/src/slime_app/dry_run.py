@@ -17,7 +17,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from slime_app.outputs import check_creatable, check_places
-from slime_app.preflight import preflight
+from slime_app.preflight import hardware_refusal, preflight
 from slime_app.ray_start import ray_address
 from slime_app.resolve import resolve_config
 from slime_core.config import PluginArgs, SlimeArgs
@@ -101,6 +101,8 @@ def _arithmetic(cfg: SlimeArgs) -> list[str]:
             f"{world // model_parallel if world % model_parallel == 0 else '?'} (TP×PP×CP = {model_parallel}), "
             f"--train-backend {cfg.train_backend}"
         )
+    if not ray_address(cfg) and (refusal := hardware_refusal(cfg)):  # on a cluster the workers have the GPUs
+        lines.append(f"this machine: a run here is refused ({refusal}); the plan above is for GPU machines")
     if not cfg.debug_train_only and cfg.rollout_engine_urls:
         lines.append(f"engines: {len(cfg.rollout_engine_urls)} outside engine(s) (--rollout-engine-urls), none started")
     elif not cfg.debug_train_only:

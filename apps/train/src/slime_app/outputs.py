@@ -17,7 +17,14 @@ from collections.abc import Iterator
 
 from slime_app.tracking import tensorboard_log_dir
 from slime_core import dir_swap
-from slime_core.checkpoint_dirs import complete_iterations, iteration_of, save_root, tracker_step
+from slime_core.checkpoint_dirs import (
+    complete_iterations,
+    critic_dirs,
+    cut_saves,
+    iteration_of,
+    save_root,
+    tracker_step,
+)
 from slime_core.config import SlimeArgs
 from slime_core.config.base import flag_to_field
 
@@ -30,6 +37,7 @@ __all__ = [
     "nearest_existing",
     "output_dirs",
     "pseudo_filesystem",
+    "remove_cut_saves",
     "reused_save_warning",
 ]
 
@@ -282,3 +290,30 @@ def check_places(cfg: SlimeArgs, *, filesystems: bool = True) -> None:
                     f"{flag} {folder} {where} {in_flag} {source}: the run would write into the folder it reads "
                     f"weights from; give {flag} a folder of its own"
                 )
+
+
+def remove_cut_saves(cfg: SlimeArgs) -> list[pathlib.Path]:
+    """Deletes the staging folders of saves that never completed in `--save` (and the critic's), once a run ended.
+
+    A save cut short (a full disk, a crash, Ctrl-C) leaves `iter_XXXXXXX.tmp`, which no reader uses and a later save
+    removes only when it is of the same iteration: after a full disk the partial copy kept the space the user had to
+    free, and every cut save of another iteration stayed for good. Call it after the run's processes are gone and
+    while it still holds the folders' locks (`slime_app.run_lock`), so no save of this or another run is writing
+    there. Only folders slime marked as its own are deleted (`slime_core.checkpoint_dirs.cut_saves`); one that cannot
+    be deleted is left as it is.
+
+    Returns:
+        The folders deleted.
+    """
+    folders = {
+        os.path.realpath(folder) for folder in (cfg.save, critic_dirs(cfg)[1] if cfg.use_critic else None) if folder
+    }
+    removed = []
+    for folder in sorted(folders):
+        for staging in cut_saves(folder):
+            try:
+                dir_swap.remove(staging)
+            except OSError:
+                continue
+            removed.append(staging)
+    return removed

@@ -260,6 +260,20 @@ def _layer_split(cfg: SlimeArgs, hf_config: dict) -> list[str]:
     )
 
 
+def hardware_refusal(cfg: SlimeArgs) -> str | None:
+    """Why a run of `cfg` started on this machine would be refused for its hardware (`_check_hardware`), or None.
+
+    `--dry-run` checks a GPU launch script on a machine without GPUs and says the configuration is valid; without
+    this, "valid" was the last word before the same flags were refused at once on that machine
+    (`--train-backend megatron needs CUDA GPUs`).
+    """
+    try:
+        _check_hardware(cfg)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _check_hardware(cfg: SlimeArgs) -> None:
     """A local run: Megatron needs CUDA, and without CUDA every trainer rank is a CPU process of this machine."""
     import torch

@@ -31,7 +31,9 @@ __all__ = [
     "FSDP_MODEL_DIR",
     "REFERENCE_DIR",
     "TRACKER_FILE",
+    "ROLLOUT_STATE_DIR",
     "complete_iterations",
+    "cut_saves",
     "critic_dir",
     "critic_dirs",
     "interrupted_saves",
@@ -57,6 +59,9 @@ COMPLETE_MARKERS = ("meta.json", ".metadata")
 # The FSDP trainer's DCP shards of {"model", "optim"} inside its iteration folder (the model's own HF names).
 FSDP_MODEL_DIR = "model_and_optim"
 
+#: The driver's share of each checkpoint (data cursor, fully-async groups, run state), beside the iterations.
+ROLLOUT_STATE_DIR = "rollout"
+
 # ASCII digits only: `\d` also matches other scripts' digits, which `int` reads but `iteration_name` never writes.
 _ITERATION = re.compile(r"iter_([0-9]{7})")
 # The same, or its staging (`.tmp`) or moved-aside (`.old`) copy (`slime_core.dir_swap`).
@@ -81,6 +86,33 @@ def critic_dirs(cfg: SlimeArgs) -> tuple[str | None, str | None]:
     """
     load = str(save_root(cfg.load)) if cfg.load else None
     return cfg.critic_load or critic_dir(load), cfg.critic_save or critic_dir(cfg.save)
+
+
+def cut_saves(root: str | os.PathLike[str]) -> list[pathlib.Path]:
+    """The staging folders of saves that never completed under a `--save` directory (`iter_XXXXXXX.tmp`).
+
+    A save writes into `iter_XXXXXXX.tmp` and renames it into place only once complete; a full disk, a crash or a
+    Ctrl-C in between leaves the staging folder, which no reader uses and the next save removes only when it is of
+    the same iteration.
+
+    Args:
+        root: the `--save` directory; one that does not exist has none.
+
+    Returns:
+        The folders, by name; only ones slime wrote (its marker file) are listed, e.g. `[root/iter_0000001.tmp]`.
+    """
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(
+        child
+        for child in root.iterdir()
+        if child.name.endswith(".tmp")
+        and _ITERATION.fullmatch(child.name.removesuffix(".tmp"))
+        and child.is_dir()
+        and not child.is_symlink()
+        and (child / MARKER).is_file()
+    )
 
 
 def iteration_name(step: int) -> str:

@@ -9,10 +9,28 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["MAX_LINE_BYTES", "iter_jsonl", "iter_jsonl_lines"]
+__all__ = ["MAX_LINE_BYTES", "describe_json_error", "iter_jsonl", "iter_jsonl_lines"]
 
 #: The longest line read as one row (64 MiB): far above any prompt, far below what a machine holds as a string.
 MAX_LINE_BYTES = 64 << 20
+
+
+def describe_json_error(e: json.JSONDecodeError, *, line: bool = False) -> str:
+    """Says what is wrong in a JSON text and where: `"Expecting value at column 7"`.
+
+    `e.msg` alone ends in a dangling "at" for half of `json`'s errors ("Invalid control character at") and names
+    no position, so a row with a raw tab in a string was reported without the column to look at.
+
+    Args:
+        e: the error `json.loads` raised.
+        line: also name the line (a multi-line document); a JSONL row is one line, named by the caller, and its
+            column is then counted over the whole text (`json` counts a row's trailing newline as a line).
+
+    Returns:
+        The message and its 1-based position, e.g. `"Invalid control character at line 3 column 12"`.
+    """
+    where = f"line {e.lineno} column {e.colno}" if line else f"column {e.pos + 1}"
+    return f"{e.msg.removesuffix(' at')} at {where}"
 
 
 class _DuplicateKey(Exception):
@@ -77,10 +95,11 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
     silently, so which answer a row holds was a guess.
 
     Raises:
-        ValueError: `"{path}:{line}: invalid JSON (...)"`, `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`,
-            `"...: key 'label' appears twice in one object ..."`, `"...: expected a JSON object, got list"`, a line
-            longer than `MAX_LINE_BYTES`, an integer of more than 4,300 digits (Python's int-string limit) or
-            arrays nested past the recursion limit (both escaped as bare tracebacks naming no file).
+        ValueError: `"{path}:{line}: invalid JSON (Expecting value at column 7)"`,
+            `"{path}:{line}: not UTF-8 (byte 0xff at column 12)"`, `"...: key 'label' appears twice in one
+            object ..."`, `"...: expected a JSON object, got list"`, a line longer than `MAX_LINE_BYTES`, an
+            integer of more than 4,300 digits (Python's int-string limit) or arrays nested past the recursion
+            limit (both escaped as bare tracebacks naming no file).
     """
     for lineno, line in iter_jsonl_lines(path):
         try:
@@ -88,7 +107,9 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, An
             # an ideographic space around the object is no JSON whitespace, and refused a row the original reads.
             row = json.loads(line.strip(), object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            lead = len(line) - len(line.lstrip())  # the column as the file counts it
+            e = json.JSONDecodeError(e.msg, line, e.pos + lead)
+            raise ValueError(f"{path}:{lineno}: invalid JSON ({describe_json_error(e)})") from None
         except ValueError as e:  # Python's own limit: an integer of more than 4,300 digits
             raise ValueError(
                 f"{path}:{lineno}: a number Python does not read ({str(e).split(';')[0]}); write it as a string"

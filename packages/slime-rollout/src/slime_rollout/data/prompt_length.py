@@ -15,6 +15,7 @@ import pathlib
 from typing import Any
 
 from slime_core.config.sglang_flags import sglang_fields
+from slime_core.jsonl import describe_json_error
 
 __all__ = [
     "certainly_too_long",
@@ -46,7 +47,7 @@ def model_context_len(hf_checkpoint: str | None) -> int | None:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: invalid JSON ({e.msg})") from None
+        raise ValueError(f"{path}: invalid JSON ({describe_json_error(e, line=True)})") from None
     for part in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
         value = part.get("max_position_embeddings")
         if isinstance(value, int) and value > 1:

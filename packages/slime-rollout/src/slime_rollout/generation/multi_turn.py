@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.error_text import preview
+from slime_core.jsonl import describe_json_error
 from slime_core.lone_surrogates import replace_lone_surrogates
 from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
@@ -89,7 +90,7 @@ def _as_dict(value: Any, where: str) -> dict[str, Any]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+            raise ValueError(f"{where}: not valid JSON ({describe_json_error(e, line=True)})") from None
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: must be a JSON object / mapping, got {type(value).__name__}")
     return dict(value)
