@@ -15,7 +15,7 @@ import dataclasses
 import pickle
 import re
 import typing
-from typing import Annotated, Any, Dict, List, Optional, Union  # noqa: UP035 - SGLang's spelling
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union  # noqa: UP035 - SGLang's spelling
 
 import pytest
 import torch
@@ -156,6 +156,26 @@ class UnloadLoRAAdapterReqInput(BaseReq):
     lora_id: Optional[str] = None  # noqa: UP045
 
 
+@dataclasses.dataclass(kw_only=True)
+class PauseGenerationReqInput(BaseReq):
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+@dataclasses.dataclass(kw_only=True)
+class ContinueGenerationReqInput(BaseReq):
+    torch_empty_cache: bool = True
+
+
+@dataclasses.dataclass(kw_only=True)
+class ReleaseMemoryOccupationReqInput(BaseReq):
+    tags: Optional[List[str]] = None  # noqa: UP006, UP045
+
+
+@dataclasses.dataclass(kw_only=True)
+class ResumeMemoryOccupationReqInput(BaseReq):
+    tags: Optional[List[str]] = None  # noqa: UP006, UP045
+
+
 SGLANG_TYPES = {
     "/update_weight_version": UpdateWeightVersionReqInput,
     "/update_weights_from_disk": UpdateWeightFromDiskReqInput,
@@ -166,8 +186,14 @@ SGLANG_TYPES = {
     "/load_lora_adapter": LoadLoRAAdapterReqInput,
     "/unload_lora_adapter": UnloadLoRAAdapterReqInput,
     "/abort_request": AbortReq,
+    # Control routes, typed as well: a body is required, a mistyped field refused (issue 27: they were served).
+    "/pause_generation": PauseGenerationReqInput,
+    "/continue_generation": ContinueGenerationReqInput,
+    "/release_memory_occupation": ReleaseMemoryOccupationReqInput,
+    "/resume_memory_occupation": ResumeMemoryOccupationReqInput,
 }
-EVERY_FIELD_DEFAULTED = ("/destroy_weights_update_group", "/abort_request")
+EVERY_FIELD_DEFAULTED = ("/destroy_weights_update_group", "/abort_request", "/pause_generation", "/continue_generation",
+                         "/release_memory_occupation", "/resume_memory_occupation")  # fmt: skip
 
 
 def _sglang_ids(v):
@@ -255,6 +281,8 @@ MALFORMED = [
     for body in (
         "not json", "", "[1]", "null", '{"group_name": 5, "rid": 5}',
         *(('{"abort_all": "maybe", "finished_reason": 3}',) if route == "/abort_request" else ()),
+        *(('{"mode": "bogus", "tags": "weights", "torch_empty_cache": "maybe"}',) if route in EVERY_FIELD_DEFAULTED[2:]
+          else ()),
         *(() if route in EVERY_FIELD_DEFAULTED else (
             "{}", '{"new_version": 5, "model_path": 5, "names": "a", "lora_name": 7}',
             '{"new_version": "v", "model_path": "/m", "abort_all_requests": "maybe", "rid": 5}',

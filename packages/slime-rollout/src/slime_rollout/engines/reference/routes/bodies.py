@@ -21,7 +21,7 @@ import inspect
 import json
 import typing
 from array import array
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -98,6 +98,10 @@ SGLANG_BODIES: dict[str, tuple[str, tuple[tuple[str, Any, Any], ...]]] = {
         ("abort_all", bool, False), ("finished_reason", dict[str, str | int | list[int] | None] | None, None),
         ("abort_message", _Opt, None),
     )),
+    "/pause_generation": ("PauseGenerationReqInput", (("mode", Literal["abort", "retract", "in_place"], "abort"),)),
+    "/continue_generation": ("ContinueGenerationReqInput", (("torch_empty_cache", bool, True),)),
+    "/release_memory_occupation": ("ReleaseMemoryOccupationReqInput", (("tags", list[str] | None, None),)),
+    "/resume_memory_occupation": ("ResumeMemoryOccupationReqInput", (("tags", list[str] | None, None),)),
 }  # fmt: skip
 _BASE_REQ = (("rid", _Opt, None), ("http_worker_ipc", _Opt, None))
 
