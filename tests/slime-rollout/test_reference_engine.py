@@ -143,6 +143,7 @@ async def test_stop_token_ids_and_no_stop_trim(engine, hf):
     full = (await engine.generate({"input_ids": ids, "sampling_params": base}))["output_ids"]
     k, _ = _first_clean_new_token(tok, full)
     stop_id = full[k]
+    base["ignore_eos"] = False  # as SGLang, ignore_eos turns stop_token_ids off too (test_reference_finish.py)
     out = await engine.generate({"input_ids": ids, "sampling_params": {**base, "stop_token_ids": [stop_id]}})
     assert out["output_ids"] == full[: k + 1]  # the stop token is kept in the tokens
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}

@@ -9,12 +9,13 @@ built that way from the fields of SGLang's `io_struct.py` (stand-in classes for 
 reference engine must answer each malformed body as that app does (FastAPI's note of the endpoint's file aside).
 """
 
+import array
 import base64
 import dataclasses
 import pickle
 import re
 import typing
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union  # noqa: UP035 - SGLang's spelling
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from fastapi import Body, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
+from pydantic import PlainValidator
 from pydantic_core import core_schema
 
 from slime_rollout.engines.reference.model import ReferenceModel
@@ -154,6 +156,26 @@ class UnloadLoRAAdapterReqInput(BaseReq):
     lora_id: Optional[str] = None  # noqa: UP045
 
 
+@dataclasses.dataclass(kw_only=True)
+class PauseGenerationReqInput(BaseReq):
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+@dataclasses.dataclass(kw_only=True)
+class ContinueGenerationReqInput(BaseReq):
+    torch_empty_cache: bool = True
+
+
+@dataclasses.dataclass(kw_only=True)
+class ReleaseMemoryOccupationReqInput(BaseReq):
+    tags: Optional[List[str]] = None  # noqa: UP006, UP045
+
+
+@dataclasses.dataclass(kw_only=True)
+class ResumeMemoryOccupationReqInput(BaseReq):
+    tags: Optional[List[str]] = None  # noqa: UP006, UP045
+
+
 SGLANG_TYPES = {
     "/update_weight_version": UpdateWeightVersionReqInput,
     "/update_weights_from_disk": UpdateWeightFromDiskReqInput,
@@ -164,7 +186,62 @@ SGLANG_TYPES = {
     "/load_lora_adapter": LoadLoRAAdapterReqInput,
     "/unload_lora_adapter": UnloadLoRAAdapterReqInput,
     "/abort_request": AbortReq,
+    # Control routes, typed as well: a body is required, a mistyped field refused (issue 27: they were served).
+    "/pause_generation": PauseGenerationReqInput,
+    "/continue_generation": ContinueGenerationReqInput,
+    "/release_memory_occupation": ReleaseMemoryOccupationReqInput,
+    "/resume_memory_occupation": ResumeMemoryOccupationReqInput,
 }
+EVERY_FIELD_DEFAULTED = ("/destroy_weights_update_group", "/abort_request", "/pause_generation", "/continue_generation",
+                         "/release_memory_occupation", "/resume_memory_occupation")  # fmt: skip
+
+
+def _sglang_ids(v):
+    # sglang/srt/utils/field_validators.py validate_optional_list_i64_1d_2d (0.5.16), restated.
+    def row(r):
+        if r is None:
+            raise ValueError("must not be None")
+        if not isinstance(r, list):
+            raise ValueError(f"must be list; got {type(r).__name__}")
+        if r and not isinstance(r[0], int):
+            raise ValueError(f"elements must be int; got {type(r[0]).__name__}")
+        try:
+            array.array("q", r)
+        except (TypeError, OverflowError) as e:
+            raise ValueError(f"contains non-int64 element: {e}") from None
+        return r
+
+    if v is None or v == []:
+        return v
+    if not isinstance(v, list):
+        raise ValueError(f"must be list or null; got {type(v).__name__}")
+    if isinstance(v[0], int):
+        return row(v)
+    if not isinstance(v[0], list):
+        raise ValueError(f"elements must be int or list; got {type(v[0]).__name__}")
+    for i, r in enumerate(v):
+        try:
+            row(r)
+        except ValueError as e:
+            raise ValueError(f"row {i}: {e}") from None
+    return v
+
+
+@dataclasses.dataclass
+class GenerateReqInput:  # a plain dataclass in io_struct.py (not a Struct); the fields the reference engine reads
+    rid: Optional[Union[str, List[str]]] = dataclasses.field(default=None, kw_only=True)  # noqa: UP006, UP007, UP045
+    text: Optional[Union[List[str], str]] = None  # noqa: UP006, UP007, UP045
+    input_ids: Annotated[Optional[Union[List[List[int]], List[int]]], PlainValidator(_sglang_ids)] = None  # noqa: UP006, UP007, UP045
+    image_data: Any = None
+    sampling_params: Optional[Union[List[Dict[str, Any]], Dict[str, Any]]] = None  # noqa: UP006, UP007, UP045
+    return_logprob: Optional[Union[List[bool], bool]] = None  # noqa: UP006, UP007, UP045
+    logprob_start_len: Optional[Union[List[int], int]] = None  # noqa: UP006, UP007, UP045
+    top_logprobs_num: Optional[Union[List[int], int]] = None  # noqa: UP006, UP007, UP045
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
+    lora_path: Optional[Union[List[Optional[str]], str]] = None  # noqa: UP006, UP007, UP045
 
 
 def _sglang_typed_app() -> FastAPI:
@@ -185,6 +262,11 @@ def _sglang_typed_app() -> FastAPI:
         handler.__annotations__["obj"] = Annotated[record, Body()]
         handler.__name__ = route.removeprefix("/")  # SGLang's function names: FastAPI's message names them
         app.post(route)(handler)
+
+    @app.post("/generate")
+    async def generate_request(obj: GenerateReqInput):
+        return {"success": True}
+
     return app
 
 
@@ -199,7 +281,9 @@ MALFORMED = [
     for body in (
         "not json", "", "[1]", "null", '{"group_name": 5, "rid": 5}',
         *(('{"abort_all": "maybe", "finished_reason": 3}',) if route == "/abort_request" else ()),
-        *(() if route in ("/destroy_weights_update_group", "/abort_request") else (  # every field has a default
+        *(('{"mode": "bogus", "tags": "weights", "torch_empty_cache": "maybe"}',) if route in EVERY_FIELD_DEFAULTED[2:]
+          else ()),
+        *(() if route in EVERY_FIELD_DEFAULTED else (
             "{}", '{"new_version": 5, "model_path": 5, "names": "a", "lora_name": 7}',
             '{"new_version": "v", "model_path": "/m", "abort_all_requests": "maybe", "rid": 5}',
             '{"serialized_named_tensors": ["not base64!"], "names": [], "dtypes": [], "shapes": [[1, "x"]]}',
@@ -224,6 +308,34 @@ def test_a_malformed_body_is_answered_as_sglang_answers_it(engine_client, route,
     # 0.5.16 answers 400 with its ErrorResponse, whose message lists the union's errors.
     assert expected.status_code == 400, expected.text
     assert (got.status_code, _without_endpoint(got.json())) == (400, _without_endpoint(expected.json()))
+
+
+GENERATE_MALFORMED = [
+    '{"input_ids": [1.5, 2]}', '{"input_ids": "12"}', '{"input_ids": [[785], [2, "x"]]}', '{"input_ids": [[1], null]}',
+    '{"input_ids": [99999999999999999999]}', '{"input_ids": [1], "rid": 5}', '{"text": 5}', '{"text": ["a", 5]}',
+    '{"input_ids": [1], "sampling_params": "x"}', '{"input_ids": [1], "return_logprob": "maybe"}',
+    '{"input_ids": [1], "return_logprob": true, "logprob_start_len": 1.5, "top_logprobs_num": "a"}',
+    '{"input_ids": [1], "stream": "sometimes", "return_routed_experts": 3, "lora_path": 7}',
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body", GENERATE_MALFORMED)
+def test_a_mistyped_generate_body_is_answered_as_sglang_answers_it(engine_client, body):
+    # SGLang's /generate takes GenerateReqInput (a dataclass) as its body: FastAPI refuses a mistyped field with
+    # SGLang's 400. Was: ids 1.5 read as 1 (a 200 for another prompt), a rid 5 kept as an int, 400s or 500s whose
+    # text came from int() or dict().
+    headers = {"content-type": "application/json"}
+    expected = TestClient(_sglang_typed_app()).post("/generate", content=body, headers=headers)
+    got = engine_client.post("/generate", content=body, headers=headers)
+    assert expected.status_code == 400, expected.text
+    assert (got.status_code, _without_endpoint(got.json())) == (400, _without_endpoint(expected.json()))
+
+
+def test_generate_reads_sglangs_lax_bools(engine_client):
+    # "false" is False for FastAPI (was: a truthy string, so log-probs came back unasked).
+    reply = engine_client.post("/generate", json={"input_ids": [785, 4226], "return_logprob": "false",
+                                                  "sampling_params": {"max_new_tokens": 1}})  # fmt: skip
+    assert reply.status_code == 200 and "output_token_logprobs" not in reply.json()["meta_info"]
 
 
 def test_exact_reply_to_a_missing_version(engine_client):
@@ -354,3 +466,18 @@ def test_a_disk_checkpoint_bad_in_a_later_shard_changes_no_weight(engine_client,
     # Shard 1 was applied before shard 2 failed: the engine served a mix of two models under its old version.
     assert engine_client.post("/weights_checker", json={"action": "checksum"}).json()["per_engine_checksum"] == checksum
     assert engine_client.get("/model_info").json()["weight_version"] == "default"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"input_ids": []}, "input_ids cannot be empty."),
+        ({"text": ""}, "texts cannot be empty and tokenizer must be initialized"),
+        ({}, "Either text, input_ids or input_embeds should be provided."),
+    ],
+)
+def test_an_empty_prompt_gets_sglangs_message(engine_client, body, message):
+    # io_struct.py _validate_inputs / _determine_batch_size, tokenizer_manager.py _tokenize_texts (was "the prompt is
+    # empty" for the first two).
+    reply = engine_client.post("/generate", json={**body, "sampling_params": {"max_new_tokens": 1}})
+    assert (reply.status_code, reply.json()) == (400, {"error": {"message": message}})

@@ -39,7 +39,7 @@ def test_two_apps_keep_their_own_state(tiny_qwen3_dir):
         assert two.get("/server_info").json()["weight_version"] == "b"
         assert [one.get("/v1/loads").json()["loads"][0]["max_running_requests"],
                 two.get("/v1/loads").json()["loads"][0]["max_running_requests"]] == [2, 3]  # fmt: skip
-        assert one.post("/pause_generation").status_code == 200
+        assert one.post("/pause_generation", json={}).status_code == 200
         assert two.get("/server_info").json()["internal_states"][0]["paused"] is False
         assert one.get("/server_info").json()["internal_states"][0]["paused"] is True
 

@@ -308,3 +308,50 @@ def test_a_request_that_arrives_while_paused_does_not_block_flush_cache(engine_c
         finally:
             engine_client.post("/continue_generation", json={})
         assert pending.result(timeout=60).json()["meta_info"]["completion_tokens"] == 3
+
+
+def test_a_request_id_in_flight_or_given_twice_is_refused(engine_client):
+    # tokenizer_manager.py _init_req_state: "Duplicate request ID detected" while the first request runs (was: both
+    # ran, and an abort by that id hit both); io_struct.py _validate_rid_uniqueness within one batch.
+    scheduler = engine_client.app.state.engine.scheduler
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        body = {"rid": "dup", "sampling_params": {**GREEDY, "max_new_tokens": 2000}}
+        first = pool.submit(generate, engine_client, **body)
+        try:
+            _wait_for(lambda: scheduler.num_running == 1, "the first request to run")
+            again = generate(engine_client, rid="dup", sampling_params=GREEDY)
+            in_batch = engine_client.post("/generate", json={"input_ids": [PROMPT, PROMPT], "rid": ["dup", "x"],
+                                                             "sampling_params": GREEDY})  # fmt: skip
+        finally:
+            engine_client.post("/abort_request", json={"rid": "dup"})
+        assert first.result(timeout=60).json()["meta_info"]["finish_reason"]["type"] == "abort"
+    assert (again.status_code, again.json()) == (400, {"error": {"message": "Duplicate request ID detected: dup"}})
+    assert (in_batch.status_code, in_batch.json()) == (
+        400,
+        {"error": {"message": "Duplicate request ID detected: dup"}},
+    )
+    twice = engine_client.post("/generate", json={"input_ids": [PROMPT, PROMPT], "rid": ["a", "a"],
+                                                  "sampling_params": GREEDY})  # fmt: skip
+    assert twice.json() == {"error": {"message": "Duplicate request IDs detected within the request: ['a']"}}
+    # Once its reply is out the id is free again.
+    assert generate(engine_client, rid="dup", sampling_params=GREEDY).json()["meta_info"]["id"] == "dup"
+
+
+@pytest.mark.parametrize("abort", [{"abort_all": True}, {"rid": "held"}])
+def test_a_request_held_by_a_pause_survives_an_abort_and_runs_after_continue(engine_client, abort):
+    # tokenizer_manager.py: a request that arrives while paused waits on is_pause_cond before reaching the scheduler,
+    # and abort_request acts in the scheduler; its /v1/loads (the scheduler's) does not count it, so a client's
+    # abort-until-idle returns. Was: aborted here ("Abort in waiting queue"), so a CPU run lost what a GPU run keeps.
+    scheduler = engine_client.app.state.engine.scheduler
+    assert engine_client.post("/pause_generation", json={"mode": "abort"}).status_code == 200
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(generate, engine_client, rid="held", sampling_params=GREEDY)
+        try:
+            _wait_for(lambda: scheduler.num_waiting == 1, "the request to be held")
+            assert engine_client.post("/abort_request", json=abort).status_code == 200
+            loads = engine_client.get("/v1/loads").json()["loads"][0]
+        finally:
+            engine_client.post("/continue_generation", json={})
+        meta = held.result(timeout=60).json()["meta_info"]
+    assert (loads["num_waiting_reqs"], loads["num_running_reqs"]) == (0, 0)
+    assert meta["finish_reason"] == {"type": "length", "length": 3}

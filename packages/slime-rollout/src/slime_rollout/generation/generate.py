@@ -99,7 +99,8 @@ def build_sampling_params(
         "stop": cfg.rollout_stop,
         "stop_token_ids": cfg.rollout_stop_token_ids,
         "skip_special_tokens": cfg.rollout_skip_special_tokens,
-        # Keep the matched stop string in the text so the text matches the returned token ids.
+        # Keep the matched stop token or string in the text, as the returned ids have it (SGLang still drops what the
+        # last token carried past a stop string: the text ends with the stop string).
         "no_stop_trim": True,
         "spaces_between_special_tokens": False,
     }

@@ -26,8 +26,9 @@ def adjust_logits(
         logits_V: `[V]` float32 raw next-token logits (not modified).
         params: the request's sampling parameters.
         output_ids: the tokens generated so far.
-        stop_ids: the ids masked while fewer than `min_new_tokens` exist: `stop_token_ids` and the eos ids
-            (SGLang's `BatchedMinNewTokensPenalizer` masks eos even with `ignore_eos`).
+        stop_ids: the ids masked while fewer than `min_new_tokens` exist: `stop_token_ids`, the tokenizer's eos and
+            SGLang's extra stop tokens (`BatchedMinNewTokensPenalizer`, also with `ignore_eos`; another eos id of
+            the model config is not masked).
 
     Returns:
         `[V]` float32: `logits - frequency_penalty * count - presence_penalty * [count > 0]`, -inf on `stop_ids`

@@ -26,25 +26,16 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 from transformers.cache_utils import DynamicLayer
 
 from slime_core.fp8 import read_fp8_config
+from slime_rollout.engines.reference.finish import check_finished, extra_stop_token_ids, reply_text
 from slime_rollout.engines.reference.fp8 import ServedFp8, build_empty
 from slime_rollout.engines.reference.logits import adjust_logits
 from slime_rollout.engines.reference.lora import LoraAdapters
 from slime_rollout.engines.reference.request import GenRequest, abort_reason, queued_abort_reason
-from slime_rollout.engines.reference.sampling import (
-    find_stop_string,
-    sample_next_token,
-    sample_with_kept_ids,
-    top_logprobs,
-    trim_stop,
-)
+from slime_rollout.engines.reference.sampling import sample_next_token, sample_with_kept_ids, top_logprobs
 from slime_rollout.engines.reference.vision import VisionPreprocessor, mrope_positions
 from slime_rollout.engines.reference.weights import ServedWeights
 
 __all__ = ["ReferenceModel"]
-
-# Tokens decoded past the longest stop string when checking for stop strings (multi-byte characters may
-# span several tokens).
-_STOP_TAIL_SLACK = 8
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -106,7 +97,11 @@ class ReferenceModel:
             self.tokenizer = processor.tokenizer
         else:
             self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
-        self.eos_token_ids = self._eos_ids()
+        # SGLang's stop ids (`finish.py`): every eos id ends a request; `min_new_tokens` masks only the tokenizer's.
+        extra = extra_stop_token_ids(self.tokenizer)
+        self.eos_token_ids = self._eos_ids() | extra
+        eos = self.tokenizer.eos_token_id
+        self.masked_stop_ids = extra | (set() if eos is None else {int(eos)})
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else next(iter(self.eos_token_ids), 0))
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)  # the logits' width
@@ -339,7 +334,7 @@ class ReferenceModel:
         if r.aborted:
             r.finish_reason = abort_reason("Aborted")
             return
-        logits_V = adjust_logits(logits_V, r.params, r.output_ids, r.params.stop_token_ids | self.eos_token_ids)
+        logits_V = adjust_logits(logits_V, r.params, r.output_ids, r.params.stop_token_ids | self.masked_stop_ids)
         if r.params.return_top_p_token_ids:
             token, logprob, kept = sample_with_kept_ids(logits_V, r.params, r.generator)
             if kept is not None:
@@ -351,29 +346,11 @@ class ReferenceModel:
         if r.top_logprobs_num > 0:
             scaled = logits_V.float() if r.params.greedy else logits_V.float() / r.params.temperature
             r.output_top_logprobs.append(top_logprobs(torch.log_softmax(scaled, -1)[None], r.top_logprobs_num)[0])
-        p = r.params
-        may_stop = len(r.output_ids) >= p.min_new_tokens
-        if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)):
-            r.finish_reason = {"type": "stop", "matched": token}
-            return
-        if may_stop and p.stop:
-            tail_tokens = max(len(s) for s in p.stop) + _STOP_TAIL_SLACK
-            matched = find_stop_string(self.tokenizer.decode(r.output_ids[-tail_tokens:]), p.stop)
-            if matched is not None:
-                r.finish_reason = {"type": "stop", "matched": matched}
-                return
-        assert p.max_new_tokens is not None, "routes/generate._fit_budget sets it within the context"
-        if len(r.output_ids) >= p.max_new_tokens:
-            r.finish_reason = {"type": "length", "length": len(r.output_ids)}
+        r.finish_reason = check_finished(r, self.tokenizer, self.eos_token_ids)
 
     def output_text(self, r: GenRequest) -> str:
-        """Decoded response text with SGLang's stop trimming (tokens themselves are never trimmed)."""
-        ids = r.output_ids
-        matched = (r.finish_reason or {}).get("matched")
-        if isinstance(matched, int) and not r.params.no_stop_trim and ids:
-            ids = ids[:-1]
-        text = self.tokenizer.decode(ids, skip_special_tokens=r.params.skip_special_tokens)
-        return trim_stop(text, matched, r.params.no_stop_trim)
+        """Decoded response text with SGLang's stop trimming (`finish.reply_text`; the ids are never trimmed)."""
+        return reply_text(r, self.tokenizer)
 
     # ------------------------------------------------------------------------------------------ LoRA adapters
 

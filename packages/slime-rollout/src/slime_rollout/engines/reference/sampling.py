@@ -9,22 +9,19 @@ Semantics follow SGLang 0.5.16 (`python/sglang/srt/sampling/sampling_params.py`,
   `log(probs)` on the softmax it later hands to the top-k/top-p sampling kernel).
 * the logits are first adjusted as SGLang's penalizers and `logit_bias` do (`logits.py`).
 * top-k/top-p/min-p only restrict which token can be drawn.
-* a stop token (`stop_token_ids`, or the model's eos unless `ignore_eos`) is kept in the output ids and
-  log-probs; it is trimmed from the text unless `no_stop_trim`. A stop string is trimmed from the text
-  (from its first occurrence on) unless `no_stop_trim`.
-* until `min_new_tokens` tokens exist, stop tokens are masked (`logits.py`) and stop strings ignored.
+* until `min_new_tokens` tokens exist, stop tokens are masked (`logits.py`); when a request finishes and
+  what its text keeps is `finish.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["SamplingParams", "sample_next_token", "sample_with_kept_ids", "top_logprobs", "trim_stop"]
+__all__ = ["SamplingParams", "sample_next_token", "sample_with_kept_ids", "top_logprobs"]
 
 _GREEDY_EPS = 1e-6
 
@@ -56,13 +53,13 @@ class SamplingParams:
         top_k: keep the k most likely tokens; -1 keeps all.
         min_p: keep tokens whose probability is at least `min_p` times the most likely one's (0 keeps all).
         max_new_tokens: generation budget in tokens; None: up to the context length (SGLang's `1 << 30`).
-        min_new_tokens: stop tokens are masked (logit -inf) and stop strings ignored until this many tokens exist.
+        min_new_tokens: stop tokens are masked (logit -inf) until this many tokens exist (stop strings still stop).
         stop: stop strings.
-        stop_token_ids: extra stop token ids (the model's eos is added unless `ignore_eos`).
-        ignore_eos: do not stop on eos.
+        stop_token_ids: extra stop token ids (the model's eos ids stop too).
+        ignore_eos: stop on no token, neither eos nor `stop_token_ids` (SGLang's; stop strings still stop).
         skip_special_tokens: drop special tokens when decoding the text.
         spaces_between_special_tokens: accepted for compatibility (the fast tokenizer ignores it).
-        no_stop_trim: keep the matched stop string / stop token in the text.
+        no_stop_trim: keep the matched stop token, or the text up to the end of the matched stop string.
         sampling_seed: per-request seed; None uses the engine's generator.
         frequency_penalty: subtracted from a token's logit once per earlier output occurrence, in [-2, 2].
         presence_penalty: subtracted from the logit of every token already in the output, in [-2, 2].
@@ -118,6 +115,9 @@ class SamplingParams:
         stop = _or(raw.get("stop"), [])
         if isinstance(stop, str):
             stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            # SGLang fails on it further in (HTTP 500); refused here by name.
+            raise ValueError(f"sampling_params.stop must be a string or a list of strings, got {stop!r:.80}")
         params = cls(
             temperature=float(_or(raw.get("temperature"), 1.0)),
             top_p=float(_or(raw.get("top_p"), 1.0)),
@@ -125,7 +125,7 @@ class SamplingParams:
             min_p=float(_or(raw.get("min_p"), 0.0)),
             max_new_tokens=None if raw.get("max_new_tokens", 128) is None else int(raw.get("max_new_tokens", 128)),
             min_new_tokens=int(_or(raw.get("min_new_tokens"), 0)),
-            stop=[s for s in stop if s],
+            stop=list(stop),  # "" included: SGLang stops at the first token on it
             stop_token_ids={int(t) for t in _or(raw.get("stop_token_ids"), []) if t is not None},
             ignore_eos=bool(_or(raw.get("ignore_eos"), False)),
             skip_special_tokens=bool(_or(raw.get("skip_special_tokens"), True)),
@@ -268,25 +268,6 @@ def sample_next_token(
     else:
         token = int(torch.multinomial(probs_V, 1, generator=generator))
     return token, float(logprobs_V[token])
-
-
-def trim_stop(text: str, matched: str | int | None, no_stop_trim: bool) -> str:
-    """Removes a matched stop string from decoded text (SGLang's detokenizer behaviour).
-
-    A matched stop *token* is removed before decoding (see `ReferenceModel`), so only strings are handled here.
-    """
-    if no_stop_trim or not isinstance(matched, str):
-        return text
-    pos = text.find(matched)
-    return text[:pos] if pos != -1 else text
-
-
-def find_stop_string(text: str, stops: Iterable[str]) -> str | None:
-    """The first stop string (in `stops` order) that occurs in `text`, or None."""
-    for s in stops:
-        if s in text:
-            return s
-    return None
 
 
 def top_logprobs(logp_NV: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:

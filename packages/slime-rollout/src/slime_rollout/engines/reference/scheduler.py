@@ -78,7 +78,7 @@ class Scheduler:
 
     async def stop(self) -> None:
         """Aborts everything and stops the loop."""
-        self.abort(abort_all=True)
+        self.abort(abort_all=True, held_too=True)
         self._resumed.set()
         if self._task is not None:
             self._task.cancel()
@@ -104,13 +104,18 @@ class Scheduler:
         self._wakeup.set()
         return await fut
 
-    def abort(self, *, rid: str | None = None, abort_all: bool = False) -> int:
-        """Aborts queued and running requests (all, or those with `rid`); returns how many were hit."""
+    def abort(self, *, rid: str | None = None, abort_all: bool = False, held_too: bool = False) -> int:
+        """Aborts queued and running requests (all, or those with `rid`); returns how many were hit.
+
+        A request that arrived while generation is paused is not hit (unless `held_too`): SGLang's tokenizer manager
+        holds it before its scheduler, where aborts act (`TokenizerManager.abort_request` -> `Scheduler.abort_request`),
+        so it survives and runs after `/continue_generation`.
+        """
         hit = 0
         with self._lock:
             still_waiting = []
             for req, fut in self._waiting:
-                if abort_all or req.rid == rid:
+                if (abort_all or req.rid == rid) and (held_too or not self._held(req)):
                     req.aborted = True
                     req.finish_reason = queued_abort_reason()
                     if not fut.done():
@@ -162,9 +167,18 @@ class Scheduler:
         requests never reach its scheduler (and do not keep `/flush_cache` from succeeding).
         """
         with self._lock:
-            since = self._paused_since
-            waiting = sum(1 for req, _ in self._waiting if since is None or req.created < since)
+            waiting = sum(1 for req, _ in self._waiting if not self._held(req))
             return waiting + sum(1 for req in self._running if not req.finished)
+
+    @property
+    def num_queued(self) -> int:
+        """Queued requests SGLang's scheduler would hold (its loads' `num_waiting_reqs`): none held by a pause."""
+        with self._lock:
+            return sum(1 for req, _ in self._waiting if not self._held(req))
+
+    def _held(self, req: GenRequest) -> bool:
+        """Whether `req` arrived while generation is paused (SGLang holds it before its scheduler)."""
+        return self._paused_since is not None and req.created >= self._paused_since
 
     @property
     def num_waiting(self) -> int:

@@ -20,15 +20,23 @@ import functools
 import inspect
 import json
 import typing
-from typing import Annotated, Any
+from array import array
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import TypeAdapter, ValidationError
+from pydantic import PlainValidator, TypeAdapter, ValidationError
 from pydantic_core import core_schema
 
-__all__ = ["SGLANG_BODIES", "json_or_empty", "parse_request", "validation_error_reply"]
+__all__ = [
+    "SGLANG_BODIES",
+    "GenerateBody",
+    "json_or_empty",
+    "parse_generate",
+    "parse_request",
+    "validation_error_reply",
+]
 
 _REQUIRED = dataclasses.MISSING
 
@@ -90,8 +98,78 @@ SGLANG_BODIES: dict[str, tuple[str, tuple[tuple[str, Any, Any], ...]]] = {
         ("abort_all", bool, False), ("finished_reason", dict[str, str | int | list[int] | None] | None, None),
         ("abort_message", _Opt, None),
     )),
+    "/pause_generation": ("PauseGenerationReqInput", (("mode", Literal["abort", "retract", "in_place"], "abort"),)),
+    "/continue_generation": ("ContinueGenerationReqInput", (("torch_empty_cache", bool, True),)),
+    "/release_memory_occupation": ("ReleaseMemoryOccupationReqInput", (("tags", list[str] | None, None),)),
+    "/resume_memory_occupation": ("ResumeMemoryOccupationReqInput", (("tags", list[str] | None, None),)),
 }  # fmt: skip
 _BASE_REQ = (("rid", _Opt, None), ("http_worker_ipc", _Opt, None))
+
+
+def _token_ids(value: Any) -> Any:
+    """SGLang's check of `input_ids` (`validate_optional_list_i64_1d_2d`, utils/field_validators.py), its messages.
+
+    None, `[]`, a list of int64 ids or a list of such lists; anything else (`[1.5, 2]`, `"12"`) is refused, never
+    rounded into another prompt.
+    """
+    if value is None:
+        return value
+    if not isinstance(value, list):
+        raise ValueError(f"must be list or null; got {type(value).__name__}")
+    if not value:
+        return value
+    if isinstance(value[0], list):
+        for i, row in enumerate(value):
+            try:
+                _id_row(row)
+            except ValueError as e:
+                raise ValueError(f"row {i}: {e}") from None
+        return value
+    if not isinstance(value[0], int):
+        raise ValueError(f"elements must be int or list; got {type(value[0]).__name__}")
+    return _id_row(value)
+
+
+def _id_row(row: Any) -> list[int]:
+    """One prompt's ids, checked as SGLang's `validate_list_i64_1d`."""
+    if not isinstance(row, list):
+        raise ValueError("must not be None" if row is None else f"must be list; got {type(row).__name__}")
+    if row and not isinstance(row[0], int):
+        raise ValueError(f"elements must be int; got {type(row[0]).__name__}")
+    try:
+        array("q", row)
+    except (TypeError, OverflowError) as e:
+        raise ValueError(f"contains non-int64 element: {e}") from None
+    return row
+
+
+@dataclasses.dataclass
+class GenerateBody:
+    """The `/generate` fields the reference engine reads, typed as SGLang 0.5.16's `GenerateReqInput` (io_struct.py).
+
+    SGLang's `/generate` takes that dataclass as its body, so FastAPI validates these types (lax: `"false"` is False,
+    `5` is no `rid`) before the handler runs, and a mistyped one is its HTTP 400 `ErrorResponse`; other fields are
+    ignored here as there (`stream` is refused by the route). Per-prompt lists are for batches.
+    """
+
+    rid: str | list[str] | None = None
+    # SGLang writes Optional[Union[List[str], str]], but typing's cache hands it rid's equal Optional[Union[str,
+    # List[str]]] defined just above: str is tried (and reported) first.
+    text: str | list[str] | None = None
+    input_ids: Annotated[list[list[int]] | list[int] | None, PlainValidator(_token_ids)] = None
+    image_data: Any = None
+    sampling_params: list[dict[str, Any]] | dict[str, Any] | None = None
+    return_logprob: list[bool] | bool | None = None
+    logprob_start_len: list[int] | int | None = None
+    top_logprobs_num: list[int] | int | None = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
+    lora_path: list[str | None] | str | None = None
+
+
+_GENERATE = TypeAdapter(GenerateBody)
 
 
 class _Body:
@@ -210,6 +288,21 @@ async def parse_request[R](request: Request, record: type[R]) -> tuple[R, dict[s
         raise _refusal(request, errors, body) from e
     own = {f.name for f in dataclasses.fields(record)}  # type: ignore[arg-type]
     return record(**{k: v for k, v in fields.items() if k in own}), fields
+
+
+async def parse_generate(request: Request) -> GenerateBody:
+    """The body of a `/generate` request, validated as SGLang's `GenerateReqInput`.
+
+    Raises:
+        RequestValidationError: a body that does not parse, is not an object, or mistypes a field (answered by
+            `validation_error_reply`: HTTP 400, as SGLang).
+    """
+    body = await json_or_empty(request)
+    try:
+        return _GENERATE.validate_python(body)
+    except ValidationError as e:
+        errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
+        raise _refusal(request, errors, body) from e
 
 
 async def validation_error_reply(request: Request, exc: RequestValidationError) -> JSONResponse:

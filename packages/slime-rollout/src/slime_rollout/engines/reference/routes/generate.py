@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import itertools
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from slime_rollout.engines.reference.request import GenRequest, is_queued_abort
-from slime_rollout.engines.reference.routes.bodies import json_or_empty, parse_request
+from slime_rollout.engines.reference.routes.bodies import parse_generate, parse_request
 from slime_rollout.engines.reference.routes.state import EngineState, engine_of, error
 from slime_rollout.engines.reference.sampling import SamplingParams
 from slime_rollout.engines.reference.vision import decode_engine_image
@@ -208,6 +211,12 @@ async def submit_one(
             raise ValueError(f"Failed to implicitly load LoRA adapter {lora}: {exc}") from None
     if input_ids is None and text is None:
         raise ValueError("Either text, input_ids or input_embeds should be provided.")
+    # SGLang's refusals of an empty prompt (io_struct.py `_determine_batch_size`, tokenizer_manager.py
+    # `_tokenize_texts`); an image prompt's text may be empty.
+    if input_ids is not None and len(input_ids) == 0:
+        raise ValueError("input_ids cannot be empty.")
+    if input_ids is None and not text and not image_data:
+        raise ValueError("texts cannot be empty and tokenizer must be initialized")
     images = [image_data] if isinstance(image_data, str) else list(image_data or [])
     vision = None
     if images:
@@ -252,12 +261,16 @@ def _parallel_sample_num(sp: Any) -> int:
     return 1
 
 
-def _batch_rids(rid: Any, size: int) -> list[str] | None:
-    """The request ids of a batch of `size` prompts (SGLang's `GenerateReqInput._normalize_rid`, io_struct.py)."""
+def _batch_rids(rid: Any, size: int, n: int) -> list[str] | None:
+    """The request ids of a batch of `size` prompts sampled `n` times each.
+
+    SGLang's `GenerateReqInput._normalize_rid` (io_struct.py): a string numbers all `size * n`, a list names the
+    prompts.
+    """
     if rid is None:
         return None
     if isinstance(rid, str):
-        return [f"{rid}_{i}" for i in range(size)]
+        return [f"{rid}_{i}" for i in range(size * n)]
     if isinstance(rid, list):
         if len(rid) != size:
             raise ValueError("The specified rids length mismatch with the batch_size for batch processing.")
@@ -265,32 +278,58 @@ def _batch_rids(rid: Any, size: int) -> list[str] | None:
     raise ValueError("The rid should be a string or a list of strings.")
 
 
+@contextlib.contextmanager
+def _in_flight(engine: EngineState, rids: list[str], hold: bool = True) -> Iterator[None]:
+    """SGLang's request-id bookkeeping around a `/generate` request.
+
+    An id given twice in one request is refused (`GenerateReqInput._validate_rid_uniqueness`, io_struct.py), and so is
+    one still in flight (`TokenizerManager._init_req_state`, tokenizer_manager.py); otherwise the ids are held until
+    the request's reply (`hold`; parallel samples run under fresh ids, SGLang frees theirs at once).
+
+    Raises:
+        ValueError: SGLang's message, naming the ids.
+    """
+    counts = collections.Counter(rids)
+    if len(counts) < len(rids):
+        twice = [r for r, c in counts.items() if c > 1]
+        raise ValueError(f"Duplicate request IDs detected within the request: {twice}")
+    for rid in rids:
+        if rid in engine.rids:
+            raise ValueError(f"Duplicate request ID detected: {rid}")
+    held = set(rids) if hold else set()
+    engine.rids |= held
+    try:
+        yield
+    finally:
+        engine.rids -= held
+
+
 @router.post("/generate")
-async def generate(request: Request):
+async def generate_request(request: Request):
     """SGLang's `/generate`: one prompt (a reply object) or a batch (a list), no streaming.
 
     With `sampling_params.n > 1` every prompt is sampled `n` times under fresh request ids and the reply is a list,
     prompt by prompt (SGLang's `TokenizerManager._handle_batch_request` order), even for a single prompt.
     """
     engine = engine_of(request)
-    body = await json_or_empty(request)
-    if body.get("stream"):
+    body = await parse_generate(request)
+    if body.stream:
         return error("the reference engine does not stream")
-    input_ids, text, sp, rid = body.get("input_ids"), body.get("text"), body.get("sampling_params"), body.get("rid")
-    image_data = body.get("image_data")
-    return_logprob = body.get("return_logprob") or False
-    text_in_logprobs = body.get("return_text_in_logprobs") or False
-    start = body.get("logprob_start_len", -1) if return_logprob else -1
-    lora = body.get("lora_path")  # SGLang: the adapter's name (or a list, one per batched prompt)
-    top = body.get("top_logprobs_num", 0) if return_logprob else 0
-    want_routes = bool(body.get("return_routed_experts", False))
-    routes_start = int(body.get("routed_experts_start_len", 0) or 0)
+    input_ids, text, sp, rid, image_data = body.input_ids, body.text, body.sampling_params, body.rid, body.image_data
+    return_logprob = body.return_logprob or False
+    text_in_logprobs = body.return_text_in_logprobs
+    start = body.logprob_start_len if return_logprob and body.logprob_start_len is not None else -1
+    lora = body.lora_path  # SGLang: the adapter's name (or a list, one per batched prompt)
+    top = (body.top_logprobs_num or 0) if return_logprob else 0
+    want_routes, routes_start = body.return_routed_experts, body.routed_experts_start_len
     batched = (isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list)) or isinstance(text, list)
     try:
         n = _parallel_sample_num(sp)
         if not batched and n == 1:
+            rid = rid or uuid.uuid4().hex
             _check_routes_request(engine, want_routes, routes_start, None if input_ids is None else len(input_ids))
-            req = await submit_one(engine, input_ids, text, sp or {}, rid, start, image_data, lora, top)
+            with _in_flight(engine, [rid]):
+                req = await submit_one(engine, input_ids, text, sp or {}, rid, start, image_data, lora, top)
             out = to_output(engine, req, bool(return_logprob), bool(text_in_logprobs))
             return await add_routed_experts(engine, req, out, routes_start) if want_routes else out
         if not batched:  # SGLang turns a single prompt with n > 1 into a batch of one
@@ -298,25 +337,28 @@ async def generate(request: Request):
             text = None if text is None else [text]
             image_data = None if image_data is None else [image_data]
         size = len(input_ids if input_ids is not None else text)
-        rid = _batch_rids(rid, size)
+        rid = _batch_rids(rid, size, n)
         pick = lambda v, i: v[i] if isinstance(v, list) else v  # noqa: E731
         rows = [i for i in range(size) for _ in range(n)]
-        reqs = await asyncio.gather(
-            *(
-                submit_one(
-                    engine,
-                    None if input_ids is None else input_ids[i],
-                    None if text is None else text[i],
-                    pick(sp, i) or {},
-                    None if rid is None or n > 1 else pick(rid, i),  # SGLang regenerates the ids of parallel samples
-                    pick(start, i),
-                    None if image_data is None else image_data[i],
-                    pick(lora, i),
-                    pick(top, i),
+        # SGLang regenerates the ids of parallel samples.
+        row_rids = [None if rid is None or n > 1 else rid[i] for i in range(size)]
+        with _in_flight(engine, rid or [], hold=n == 1):
+            reqs = await asyncio.gather(
+                *(
+                    submit_one(
+                        engine,
+                        None if input_ids is None else input_ids[i],
+                        None if text is None else text[i],
+                        pick(sp, i) or {},
+                        row_rids[i],
+                        pick(start, i),
+                        None if image_data is None else image_data[i],
+                        pick(lora, i),
+                        pick(top, i),
+                    )
+                    for i in rows
                 )
-                for i in rows
             )
-        )
         outs = [
             to_output(engine, r, bool(pick(return_logprob, i)), bool(pick(text_in_logprobs, i)))
             for i, r in zip(rows, reqs, strict=True)

@@ -61,7 +61,7 @@ async def health_generate(request: Request):
     try:
         req = await asyncio.wait_for(probe, timeout=max(deadline - time.monotonic(), 0.0))
     except TimeoutError:
-        scheduler.abort(rid=rid)  # as SGLang drops its probe's request
+        scheduler.abort(rid=rid, held_too=True)  # as SGLang drops its probe's request
         return Response(status_code=503)
     return Response(status_code=200 if req.finished else 503)
 
@@ -73,7 +73,7 @@ async def loads(request: Request):
     scheduler = engine.scheduler
     # SGLang's fields; no KV pool or cache here, so the token counts and rates are 0.
     now = time.time()
-    load = {"dp_rank": 0, "num_running_reqs": scheduler.num_running, "num_waiting_reqs": scheduler.num_waiting,
+    load = {"dp_rank": 0, "num_running_reqs": scheduler.num_running, "num_waiting_reqs": scheduler.num_queued,
             "max_running_requests": engine.max_running_requests, "max_total_num_tokens": 0, "num_total_tokens": 0,
             "num_used_tokens": 0, "num_waiting_uncached_tokens": 0, "token_usage": 0.0, "utilization": 0.0,
             "cache_hit_rate": 0.0, "gen_throughput": 0.0, "timestamp": now}  # fmt: skip

@@ -36,6 +36,7 @@ class EngineState:
         update_lock: one weight update at a time, so a bucket's check and its landing are one step.
         groups: weight-update process groups by name (`/init_weights_update_group`).
         routes: the MoE router hooks (`--enable-return-routed-experts`), else None.
+        rids: the request ids of `/generate` requests in flight (the keys of SGLang's `rid_to_state`).
     """
 
     model: ReferenceModel
@@ -49,6 +50,7 @@ class EngineState:
     update_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     groups: dict[str, Any] = dataclasses.field(default_factory=dict)
     routes: RouteCapture | None = None
+    rids: set[str] = dataclasses.field(default_factory=set)
 
 
 def engine_of(request: Request) -> EngineState:
