@@ -208,8 +208,42 @@ async def vl_cases(ctx: Ctx) -> dict[str, Exchange]:
     return {"generate_image": await ctx.call("POST", "/generate", ctx.extras["vl_request"])}
 
 
+async def validation_cases(ctx: Ctx) -> dict[str, Exchange]:
+    """Bodies SGLang's request models refuse (mistyped fields, empty prompts, a request id given twice, control
+    routes without their required fields), and an empty stop string: statuses and error shapes.
+
+    Last on the `text` server: a control body SGLang would accept after all (a release that went through) must not
+    change what the other cases see.
+    """
+    out = {}
+    for name, body in (
+        ("float_ids", {"input_ids": [1.5, 2], "sampling_params": GREEDY}),
+        ("int_rid", {"input_ids": PROMPT, "rid": 5, "sampling_params": GREEDY}),
+        ("text_not_str", {"text": 5, "sampling_params": GREEDY}),
+        ("sampling_not_dict", {"input_ids": PROMPT, "sampling_params": "x"}),
+        ("return_logprob_word", {"input_ids": PROMPT, "sampling_params": GREEDY, "return_logprob": "maybe"}),
+        ("empty_ids", {"input_ids": [], "sampling_params": GREEDY}),
+        ("empty_text", {"text": "", "sampling_params": GREEDY}),
+        ("rid_twice", {"input_ids": [PROMPT, PROMPT], "rid": ["wire-dup", "wire-dup"], "sampling_params": GREEDY}),
+    ):
+        out[f"generate_malformed_{name}"] = await ctx.call("POST", "/generate", body)
+    out["generate_stop_empty_string"] = await ctx.call(
+        "POST", "/generate", {"input_ids": PROMPT, "sampling_params": {**GREEDY, "ignore_eos": False, "stop": [""]}}
+    )
+    out["pause_generation_no_body"] = await ctx.call("POST", "/pause_generation")
+    out["pause_generation_bad_mode"] = await ctx.call("POST", "/pause_generation", {"mode": "bogus"})
+    out["continue_generation_after_bad_pause"] = await ctx.call("POST", "/continue_generation", {})
+    out["release_memory_occupation_tags_str"] = await ctx.call(
+        "POST", "/release_memory_occupation", {"tags": "weights"}
+    )
+    out["generate_after_bad_release"] = await ctx.call(
+        "POST", "/generate", {"input_ids": PROMPT, "sampling_params": GREEDY}
+    )
+    return out
+
+
 SERVERS: dict[str, list[Case]] = {
-    "text": [info_cases, generate_cases, abort_cases, memory_cases, weight_cases],
+    "text": [info_cases, generate_cases, abort_cases, memory_cases, weight_cases, validation_cases],
     "lora": [lora_cases],
     "vl": [vl_cases],
 }
