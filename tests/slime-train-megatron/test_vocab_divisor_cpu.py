@@ -1,0 +1,67 @@
+"""`--make-vocab-size-divisible-by` in the Megatron actor on CPU: the model, its checkpoints and their checks.
+
+Tiny Qwen3 of vocabulary 300 (conftest `tiny_hf`): 64 pads it to 320 rows at TP 1, Megatron's default 128 to 384.
+"""
+
+import pytest
+import torch
+
+from slime_core.config import SlimeArgs
+
+pytest.importorskip("megatron.core")
+
+_LOCAL_FP32 = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
+
+
+def _config(hf_dir, *flags, **fields) -> SlimeArgs:
+    return SlimeArgs.from_dict({
+        "rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "hf_checkpoint": str(hf_dir),
+        "megatron_args": [*_LOCAL_FP32, *flags], **fields,
+    })  # fmt: skip
+
+
+def _hf_log_probs(hf_model, tokens):
+    with torch.no_grad():
+        return torch.log_softmax(hf_model(tokens[None]).logits[0].double(), -1)[:-1].gather(1, tokens[1:, None])[:, 0]
+
+
+def test_a_64_padded_checkpoint_loads_with_64_and_is_refused_with_128(cpu_backend_env, tiny_hf, tmp_path):
+    from slime_convert import hf_to_mcore
+    from slime_core.batch import RolloutBatch
+
+    hf_model, hf_dir = tiny_hf("qwen3")
+    hf_to_mcore(hf_dir, tmp_path / "ref", make_vocab_size_divisible_by=64, progress=False)
+    divisor = ["--make-vocab-size-divisible-by", "64"]
+    backend = cpu_backend_env.MegatronTrainBackend()
+    backend.init(_config(hf_dir, *divisor, "--ref-load", str(tmp_path / "ref"), save=str(tmp_path / "save")),
+                 with_ref=False)  # fmt: skip
+    embedding = backend.module.embedding.word_embeddings.weight
+    assert embedding.shape == (320, 64) and backend.module.output_layer.weight.shape == (320, 64)
+    assert torch.equal(embedding[:300].detach(), hf_model.state_dict()["model.embed_tokens.weight"])
+
+    tokens = torch.tensor([5, 17, 299, 3, 250, 8])  # 299: the last real row, next to the padding
+    batch = RolloutBatch(
+        tokens=[tokens], response_lengths=[5], loss_masks=[torch.ones(5)], rewards=[1.0], raw_rewards=[1.0],
+        loss_denominators=[5.0], micro_batches=[[[0]]], step_sample_counts=[1], step_token_counts=[5.0],
+    )  # fmt: skip
+    (got,) = backend.compute_log_probs(batch)
+    torch.testing.assert_close(got.double(), _hf_log_probs(hf_model, tokens), atol=1e-5, rtol=0)  # fp32 vs fp64
+
+    # The weights the engines get: HF names and rows, the padding dropped.
+    pushed = dict(kv for bucket in backend.named_hf_weights(1 << 20) for kv in bucket)
+    assert pushed.keys() == hf_model.state_dict().keys()
+    for name, tensor in hf_model.state_dict().items():
+        assert torch.equal(pushed[name], tensor), name
+
+    backend.save(0)
+    resumed = cpu_backend_env.MegatronTrainBackend()
+    assert resumed.init(_config(hf_dir, *divisor, "--load", str(tmp_path / "save")), with_ref=False) == 1
+    (again,) = resumed.compute_log_probs(batch)
+    assert torch.equal(again, got)
+
+    for flags, flag, path in (([], "--load", tmp_path / "save"), ([], "--ref-load", tmp_path / "ref")):
+        with pytest.raises(ValueError) as info:
+            cpu_backend_env.MegatronTrainBackend().init(_config(hf_dir, *flags, flag, str(path)), with_ref=False)
+        message = str(info.value)
+        assert "\n" not in message and message.startswith(f"{flag} {path}: written with ")
+        assert "--make-vocab-size-divisible-by 64, read with --make-vocab-size-divisible-by 128" in message
