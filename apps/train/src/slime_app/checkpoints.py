@@ -425,6 +425,23 @@ def _fields_of(flag: str, path: str, kind: str) -> dict[str, int | None] | None:
         raise ValueError(f"{flag} {path}: cannot read {state / '.metadata'} ({type(e).__name__}: {e})") from None
 
 
+def _vocab_divisor(cfg: SlimeArgs, path: str, kind: str) -> int:
+    """The padding divisor a checkpoint's embedding rows are compared by.
+
+    A torch_dist checkpoint's recorded divisor, else the run's `--make-vocab-size-divisible-by`. A recorded divisor
+    other than the run's is the Megatron loader's error (`_key_shapes_check`, one line naming both); an export to HF
+    (FSDP) drops the padding whatever it is.
+    """
+    if kind == "torch_dist":
+        from slime_convert.torch_dist import resolve_iteration_dir
+        from slime_convert.vocab_padding import read_recorded_divisor
+
+        recorded = read_recorded_divisor(resolve_iteration_dir(path))
+        if recorded is not None:
+            return recorded
+    return cfg.make_vocab_size_divisible_by
+
+
 def _architecture_check(cfg: SlimeArgs) -> tuple[list[str], list[str]]:
     """Compares `--ref-load`, `--load` and `--critic-load` with `--hf-checkpoint` (`slime_app.checkpoint_shapes`).
 
@@ -465,7 +482,7 @@ def _architecture_check(cfg: SlimeArgs) -> tuple[list[str], list[str]]:
             continue
         mismatches += architecture_mismatches(
             expected, found, flag=flag, path=path, hf_checkpoint=cfg.hf_checkpoint,
-            vocab_divisor=cfg.make_vocab_size_divisible_by,
+            vocab_divisor=_vocab_divisor(cfg, path, kind),
         )  # fmt: skip
         shared = [f for f, v in found.items() if v is not None and expected.get(f) is not None]
         notes.append(

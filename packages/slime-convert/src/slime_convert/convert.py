@@ -33,7 +33,7 @@ from slime_convert.torch_dist import (
     sharded_object_key,
     write_torch_dist,
 )
-from slime_convert.vocab_padding import check_vocab_divisor, recorded_divisor
+from slime_convert.vocab_padding import check_vocab_divisor, read_recorded_divisor
 from slime_core.checkpoint_dirs import FSDP_MODEL_DIR, TRACKER_FILE, iteration_name, tracker_step
 from slime_core.dir_swap import MARKER, remove, write_text_atomic
 from slime_core.hf_checkpoint import copy_assets, describe_exported_weights
@@ -375,7 +375,7 @@ def _check_export_divisor(ckpt: TorchDistReader, args: ModelArgs, divisor: int) 
     """Refuses an export given another `--make-vocab-size-divisible-by` than the checkpoint's (recorded or its rows)."""
     args = dataclasses.replace(args, make_vocab_size_divisible_by=divisor)
     where = f"--input-dir {ckpt.dir}"
-    check_vocab_divisor(where, recorded_divisor(ckpt.common_state()), args)
+    check_vocab_divisor(where, read_recorded_divisor(ckpt.dir), args)
     for key, (shape, _) in ckpt.tensor_keys().items():
         if key in ("embedding.word_embeddings.weight", "output_layer.weight") and shape[0] % divisor:
             raise ValueError(

@@ -10,11 +10,21 @@ namespace, under the same name); these checks read it back and say which two val
 from __future__ import annotations
 
 import os
+import pathlib
 from typing import Any
+
+import torch
 
 from slime_convert.model_args import ModelArgs
 
-__all__ = ["DIVISOR_KEY", "check_torch_dist_padding", "check_vocab_divisor", "check_vocab_rows", "recorded_divisor"]
+__all__ = [
+    "DIVISOR_KEY",
+    "check_torch_dist_padding",
+    "check_vocab_divisor",
+    "check_vocab_rows",
+    "read_recorded_divisor",
+    "recorded_divisor",
+]
 
 #: The `common.pt` key (and Megatron-LM `args` attribute) holding `--make-vocab-size-divisible-by`.
 DIVISOR_KEY = "make_vocab_size_divisible_by"
@@ -35,6 +45,22 @@ def recorded_divisor(common: dict[str, Any]) -> int | None:
         args = common.get("args")
         value = args.get(DIVISOR_KEY) if isinstance(args, dict) else getattr(args, DIVISOR_KEY, None)
     return None if value is None else int(value)
+
+
+def read_recorded_divisor(ckpt_dir: str | os.PathLike[str]) -> int | None:
+    """`recorded_divisor` of a torch_dist directory's `common.pt` (None without one).
+
+    Raises:
+        ValueError: `common.pt` does not unpickle (truncated, or a class of a program not installed), naming it.
+    """
+    path = pathlib.Path(ckpt_dir) / "common.pt"
+    if not path.is_file():
+        return None
+    try:
+        common = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - pickle raises many types; the message names the file and the cause
+        raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+    return recorded_divisor(common) if isinstance(common, dict) else None
 
 
 def check_vocab_divisor(where: str, recorded: int | None, args: ModelArgs) -> None:
@@ -103,13 +129,13 @@ def check_torch_dist_padding(
     With `value_head` (a critic's checkpoint) the output layer is `[1, H]` and only the embedding is checked.
 
     Raises:
-        ValueError: see the two checks.
+        ValueError: see the two checks, or an unreadable `common.pt`.
         FileNotFoundError: `ckpt_dir` is not a torch_dist directory.
     """
     from slime_convert.torch_dist import TorchDistReader
 
     ckpt = TorchDistReader(ckpt_dir)
-    recorded = recorded_divisor(ckpt.common_state())
+    recorded = read_recorded_divisor(ckpt_dir)
     check_vocab_divisor(where, recorded, args)
     stored = ckpt.tensor_keys()
     if value_head:
