@@ -65,3 +65,22 @@ def test_a_64_padded_checkpoint_loads_with_64_and_is_refused_with_128(cpu_backen
         message = str(info.value)
         assert "\n" not in message and message.startswith(f"{flag} {path}: written with ")
         assert "--make-vocab-size-divisible-by 64, read with --make-vocab-size-divisible-by 128" in message
+
+
+def test_the_critic_pads_records_and_checks_the_divisor(cpu_backend_env, tiny_hf, tmp_path):
+    from slime_core.critic import critic_config
+    from slime_train_megatron.critic_backend import MegatronCriticBackend
+
+    _, hf_dir = tiny_hf("qwen3")
+    divisor = ["--make-vocab-size-divisible-by", "64"]
+    cfg = critic_config(_config(hf_dir, *divisor, advantage_estimator="ppo", save=str(tmp_path / "run")))
+    critic = MegatronCriticBackend()
+    critic.init(cfg)
+    assert critic.module.embedding.word_embeddings.weight.shape == (320, 64)
+    critic.save(0)
+    assert MegatronCriticBackend().init(critic_config(cfg.model_copy(update={"load": str(tmp_path / "run")}))) == 1
+    plain = _config(hf_dir, advantage_estimator="ppo", load=str(tmp_path / "run"))
+    with pytest.raises(ValueError) as info:
+        MegatronCriticBackend().init(critic_config(plain))
+    message = str(info.value)
+    assert "\n" not in message and "written with --make-vocab-size-divisible-by 64, read with " in message
