@@ -84,3 +84,19 @@ def test_the_critic_pads_records_and_checks_the_divisor(cpu_backend_env, tiny_hf
         MegatronCriticBackend().init(critic_config(plain))
     message = str(info.value)
     assert "\n" not in message and "written with --make-vocab-size-divisible-by 64, read with " in message
+
+
+def test_an_opd_teacher_checkpoint_with_another_divisor_is_refused(cpu_backend_env, tiny_hf, tmp_path):
+    from slime_convert import hf_to_mcore
+
+    _, hf_dir = tiny_hf("qwen3")
+    teacher = tmp_path / "teacher"
+    hf_to_mcore(hf_dir, teacher, make_vocab_size_divisible_by=64, progress=False)
+    opd = dict(use_opd=True, opd_type="megatron", opd_kl_coef=0.5, advantage_estimator="grpo",
+               opd_teacher_load=str(teacher))  # fmt: skip
+    actor = cpu_backend_env.MegatronTrainBackend()
+    actor.init(_config(hf_dir, "--make-vocab-size-divisible-by", "64", **opd), with_ref=False)
+    assert actor.has_teacher
+    with pytest.raises(ValueError) as info:
+        cpu_backend_env.MegatronTrainBackend().init(_config(hf_dir, **opd), with_ref=False)
+    assert str(info.value).startswith(f"--opd-teacher-load {teacher}: written with --make-vocab-size-divisible-by 64")

@@ -31,6 +31,7 @@ from megatron.core import parallel_state
 
 from slime_convert import ModelArgs
 from slime_convert.torch_dist import resolve_iteration_dir
+from slime_convert.vocab_padding import check_torch_dist_padding
 from slime_core.algorithms.fused_head import resolve_chunk_size
 from slime_core.batch import RolloutBatch
 from slime_core.checkpoint_dirs import iteration_name, no_reference_message, saved_reference
@@ -170,6 +171,10 @@ class MegatronTrainBackend:
     def _load_teacher(self) -> None:
         """Holds a CPU copy of the OPD teacher's parameters (`--opd-teacher-load`); the actor's weights are put back."""
         path = self.cfg.opd_teacher_load
+        if is_megatron_checkpoint(path):  # its padding must be the actor's: megatron's load says only "shape"
+            step = self.cfg.opd_teacher_ckpt_step
+            check_torch_dist_padding(f"--opd-teacher-load {path}", resolve_iteration_dir(path, step), self.model_args,
+                                     self.settings.tensor_model_parallel_size)  # fmt: skip
 
         def load() -> None:
             if is_megatron_checkpoint(path):
