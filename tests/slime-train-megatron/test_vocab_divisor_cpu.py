@@ -100,3 +100,74 @@ def test_an_opd_teacher_checkpoint_with_another_divisor_is_refused(cpu_backend_e
     with pytest.raises(ValueError) as info:
         cpu_backend_env.MegatronTrainBackend().init(_config(hf_dir, **opd), with_ref=False)
     assert str(info.value).startswith(f"--opd-teacher-load {teacher}: written with --make-vocab-size-divisible-by 64")
+
+
+_TP2 = """
+import sys
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run(rank, port, hf_dir, ckpt_dir, out):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    from megatron.core import parallel_state
+    from slime_convert import ModelArgs
+    from slime_train_megatron.checkpoint import load_checkpoint
+    from slime_train_megatron.model import build_gpt_model, build_transformer_config, iter_hf_weights, load_hf_weights
+    from slime_train_megatron.settings import MegatronSettings
+
+    s = MegatronSettings(tensor_model_parallel_size=2, fp32=True, transformer_impl="local",
+                         make_vocab_size_divisible_by=64)
+    args = ModelArgs.from_hf_dir(hf_dir, make_vocab_size_divisible_by=s.make_vocab_size_divisible_by)
+    parallel_state.initialize_model_parallel(**s.parallel_state_kwargs())
+    torch.manual_seed(0)
+    config = build_transformer_config(args, s, cpu=True)
+    from_hf = build_gpt_model(args, s, config)
+    load_hf_weights(from_hf, hf_dir, args, s)
+    from_ckpt = build_gpt_model(args, s, config)
+    load_checkpoint(ckpt_dir, from_ckpt, None, None, load_rng=False)
+    result = {
+        "rows": from_hf.embedding.word_embeddings.weight.shape[0],
+        "hf": dict(iter_hf_weights(from_hf, args)),
+        "ckpt": dict(iter_hf_weights(from_ckpt, args)),
+    }
+    if rank == 0:
+        torch.save(result, out)
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(int(sys.argv[1]), *sys.argv[2:]), nprocs=2)
+"""
+
+
+@pytest.mark.slow  # two spawned gloo ranks importing megatron-core: ~40 s
+def test_tp2_with_divisor_64_loads_hf_and_torch_dist_and_exports_bit_exact(tiny_hf, tmp_path):
+    """Two gloo ranks at TP 2: vocabulary 300 → 384 rows (64 × 2 × 3), 192 per rank; HF → model → HF and HF →
+    torch_dist → model → HF give back the HF tensors bit for bit."""
+    import socket
+    import subprocess
+    import sys
+
+    from slime_convert import hf_to_mcore
+
+    hf_model, hf_dir = tiny_hf("qwen3")
+    ckpt = hf_to_mcore(hf_dir, tmp_path / "mcore", tensor_model_parallel_size=2, make_vocab_size_divisible_by=64,
+                       progress=False)  # fmt: skip
+    script = tmp_path / "tp2.py"
+    script.write_text(_TP2)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "out.pt"
+    subprocess.run([sys.executable, str(script), str(port), str(hf_dir), str(ckpt), str(out)], check=True,
+                   timeout=300)  # fmt: skip
+    result = torch.load(out, weights_only=False)
+    assert result["rows"] == 192
+    expected = hf_model.state_dict()
+    for source in ("hf", "ckpt"):
+        assert result[source].keys() == expected.keys(), source
+        for name, tensor in expected.items():
+            assert torch.equal(result[source][name], tensor), (source, name)
