@@ -99,3 +99,30 @@ def test_a_torch_dist_ref_load_with_another_down_projection_width(tiny, tmp_path
         f"--ref-load {ref}: decoder.layers.mlp.linear_fc2.weight has shape [2, 16, 20], expected [2, 16, 24]"
     ), message
     assert f"Is --ref-load a checkpoint of the model --hf-checkpoint {hf_dir} describes?" in message
+
+
+def test_a_torch_dist_ref_load_padded_with_64_at_preflight(tmp_path):
+    """GLM-4.7's `--make-vocab-size-divisible-by 64`: vocabulary 300 → 320 rows (128 would be 384)."""
+    transformers = pytest.importorskip("transformers")
+    from slime_convert import hf_to_mcore
+
+    hf_dir = tmp_path / "hf"
+    fields = {k: v for k, v in TINY.items() if k not in ("architectures", "model_type")}
+    transformers.AutoModelForCausalLM.from_config(
+        transformers.Qwen3Config(**{**fields, "vocab_size": 300})
+    ).save_pretrained(hf_dir)
+    ref = tmp_path / "ref"
+    hf_to_mcore(hf_dir, ref, make_vocab_size_divisible_by=64, progress=False)
+    megatron = ["--train-backend", "megatron", "--ref-load", str(ref)]
+    # Before: `--make-vocab-size-divisible-by 64` was refused by the flag table, and without it the field comparison
+    # said `vocab_rows 320 vs 300`.
+    check_checkpoints(_cfg(hf_dir, *megatron, "--make-vocab-size-divisible-by", "64"))
+    with pytest.raises(ValueError) as info:
+        check_checkpoints(_cfg(hf_dir, *megatron))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(
+        f"--ref-load {ref}: written with --make-vocab-size-divisible-by "
+        "64, read with --make-vocab-size-divisible-by 128"
+    ), message
+    # FSDP exports it to HF, dropping the padding: no divisor needed.
+    check_checkpoints(_cfg(hf_dir, "--train-backend", "fsdp", "--ref-load", str(ref)))

@@ -83,9 +83,9 @@ def test_megatron_rejects_what_its_backend_does_not_implement():
         parse_args([*MEGATRON, "--fp8-format", "e4m3"])
     # --spec is compared with config.json by preflight (tests/slime-core/test_architecture.py), not rejected here.
     assert parse_args([*MEGATRON, "--spec", "slime_plugins.models.glm4", "get_glm_spec"]).megatron_args[0] == "--spec"
-    with pytest.raises(ConfigError, match=r"--make-vocab-size-divisible-by 16 is not implemented with --train-backend "
-                       r"megatron, only 128"):  # fmt: skip
-        parse_args([*MEGATRON, "--make-vocab-size-divisible-by", "16"])
+    # The vocabulary padding is the Megatron backend's (MegatronSettings); FSDP never pads, so it is a no-op there.
+    assert parse_args([*MEGATRON, "--make-vocab-size-divisible-by", "16"]).make_vocab_size_divisible_by == 16
+    assert parse_args([*FSDP, "--make-vocab-size-divisible-by", "64"]).megatron_args[-1] == "64"
     args = parse_args([*MEGATRON, "--optimizer-cpu-offload", "--moe-router-dtype", "fp32", "--moe-permute-fusion"])
     assert args.megatron_args == ["--optimizer-cpu-offload", "--moe-router-dtype", "fp32", "--moe-permute-fusion"]
     # The same flags under FSDP: --spec is a no-op (the HF model is the architecture).

@@ -102,7 +102,12 @@ def test_init_logprobs_train_export_save_resume(cpu_backend_env, tiny_hf, tmp_pa
         assert torch.equal(a, b)
 
 
-def test_weights_pushed_to_an_engine_after_a_step_are_the_trainers(cpu_backend_env, make_tiny_qwen3, tmp_path):
+# With the original GLM-4.7 script's `--make-vocab-size-divisible-by 64` and a vocabulary 8 rows past a multiple of
+# 128: the embedding holds 152000 rows (64 × 2375; 128 would pad to 152064), none of the padding reaches the engine.
+@pytest.mark.parametrize(("divisor", "vocab_size", "rows"), [(None, 151936, 151936), ("64", 151944, 152000)])
+def test_weights_pushed_to_an_engine_after_a_step_are_the_trainers(
+    cpu_backend_env, make_tiny_qwen3, tmp_path, divisor, vocab_size, rows
+):
     """Megatron step → `named_hf_weights` → tensor weight update → the (reference) engine now computes exactly
     what an HF model holding the trainer's weights computes."""
     pytest.importorskip("slime_rollout")
@@ -118,11 +123,13 @@ def test_weights_pushed_to_an_engine_after_a_step_are_the_trainers(cpu_backend_e
     from slime_rollout.weight_sync.updaters import TensorWeightUpdater
 
     # The full Qwen3 vocab: the engine's health check generates from real token ids.
-    hf_dir = make_tiny_qwen3(tmp_path / "hf")
+    hf_dir = make_tiny_qwen3(tmp_path / "hf", vocab_size=vocab_size)
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    padding = ["--make-vocab-size-divisible-by", divisor] if divisor else []
     args = _config(
         hf_checkpoint=str(hf_dir),
-        megatron_args=["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-2"],
+        megatron_args=["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-2",
+                       *padding],  # fmt: skip
         advantage_estimator="grpo", rollout_temperature=1.0, kl_coef=0.0, use_kl_loss=False, entropy_coef=0.0,
         eps_clip=0.2, rollout_engine="reference", seed=1, sglang_args={"num_threads": "1"},
     )  # fmt: skip
@@ -131,6 +138,7 @@ def test_weights_pushed_to_an_engine_after_a_step_are_the_trainers(cpu_backend_e
     engine_args.sglang_base_port = random.Random(os.getpid() + 7).randrange(20000, 40000, 100)
     backend = cpu_backend_env.MegatronTrainBackend()
     backend.init(args, with_ref=False)
+    assert backend.module.embedding.word_embeddings.weight.shape[0] == rows
     backend.train(0, _batch())
     trained = dict(
         kv for n, p in backend.module.named_parameters() for kv in mcore_to_hf(n, p.detach(), backend.model_args)

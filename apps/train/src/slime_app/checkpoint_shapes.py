@@ -15,8 +15,9 @@ A field either side does not state is not compared, except the experts: a config
 (or `num_local_experts`, `n_routed_experts`) describes a dense model (0 experts), and weights with a dense MLP and
 no expert tensors hold 0 experts, so a dense checkpoint never passes for a MoE one or the other way round.
 
-Megatron pads the vocabulary (`slime_convert.model_args.padded_vocab_size`), so a torch_dist embedding may have
-more rows than `vocab_size`, never fewer and never a different padding.
+Megatron pads the vocabulary (`slime_convert.model_args.padded_vocab_size`, a multiple of
+`--make-vocab-size-divisible-by` × TP), so a torch_dist embedding may have more rows than `vocab_size`, never fewer
+and never a different padding.
 """
 
 from __future__ import annotations
@@ -245,11 +246,16 @@ def dcp_shapes(ckpt_dir: str | os.PathLike[str]) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _vocab_matches(stored: int, expected: int) -> bool:
-    """An embedding of `stored` rows can hold a `expected`-token vocabulary: exact, or Megatron's padding of it."""
+def _vocab_matches(stored: int, expected: int, divisor: int = 128) -> bool:
+    """An embedding of `stored` rows can hold a `expected`-token vocabulary: exact, or Megatron's padding of it.
+
+    `divisor` is the run's `--make-vocab-size-divisible-by`; the TP size a checkpoint was padded for is not known here
+    (the Megatron backend's loader checks the exact rows, `slime_convert.vocab_padding`).
+    """
     from slime_convert.model_args import padded_vocab_size
 
-    return stored == expected or any(stored == padded_vocab_size(expected, tp) for tp in (1, 2, 4, 8, 16, 32, 64))
+    tps = (1, 2, 4, 8, 16, 32, 64)
+    return stored == expected or any(stored == padded_vocab_size(expected, tp, divisor) for tp in tps)
 
 
 def architecture_mismatches(
@@ -260,6 +266,7 @@ def architecture_mismatches(
     path: str,
     hf_checkpoint: str,
     against: str | None = None,
+    vocab_divisor: int = 128,
 ) -> list[str]:
     """One line per field where a checkpoint differs from `--hf-checkpoint` (fields either side leaves open: skipped).
 
@@ -270,6 +277,7 @@ def architecture_mismatches(
         path: the checkpoint's path.
         hf_checkpoint: `--hf-checkpoint`'s path.
         against: what `expected` describes, for the message (default `--hf-checkpoint <path>`).
+        vocab_divisor: the run's `--make-vocab-size-divisible-by`: a torch_dist embedding padded with it matches.
 
     Returns:
         Lines like `--ref-load /ckpt vs --hf-checkpoint /Qwen3-4B: num_layers 2 vs 36`.
@@ -280,7 +288,7 @@ def architecture_mismatches(
         want, have = expected.get(field), found.get(field)
         if want is None or have is None:
             continue
-        if field == "vocab_rows" and _vocab_matches(have, want):
+        if field == "vocab_rows" and _vocab_matches(have, want, vocab_divisor):
             continue
         if have != want:
             lines.append(f"{flag} {path} vs {against}: {field} {have} vs {want}")

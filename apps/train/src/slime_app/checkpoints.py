@@ -359,7 +359,7 @@ def _key_shapes_check(cfg: SlimeArgs) -> list[str]:
     if not cfg.hf_checkpoint or not (pathlib.Path(cfg.hf_checkpoint) / "config.json").is_file():
         return []
     try:
-        args = ModelArgs.from_hf_dir(cfg.hf_checkpoint)
+        args = ModelArgs.from_hf_dir(cfg.hf_checkpoint, make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by)
     except ValueError as e:
         return [f"--hf-checkpoint {cfg.hf_checkpoint}: tensor shapes not checked key by key ({first_sentence(e)})"]
     checked = []
@@ -370,7 +370,11 @@ def _key_shapes_check(cfg: SlimeArgs) -> list[str]:
                 continue
         elif kind == "torch_dist":
             step = cfg.ckpt_step if flag == "--load" else None
-            check_torch_dist_checkpoint(flag, path, args, config_dir=cfg.hf_checkpoint, ckpt_step=step)
+            # The Megatron model's rows must be the checkpoint's; an export to HF (FSDP) drops any padding.
+            tp = cfg.tensor_model_parallel_size if train_backend_spec(cfg).reads_torch_dist else None
+            check_torch_dist_checkpoint(
+                flag, path, args, config_dir=cfg.hf_checkpoint, ckpt_step=step, tensor_model_parallel_size=tp
+            )
         else:
             continue
         checked.append(flag)
@@ -421,6 +425,23 @@ def _fields_of(flag: str, path: str, kind: str) -> dict[str, int | None] | None:
         raise ValueError(f"{flag} {path}: cannot read {state / '.metadata'} ({type(e).__name__}: {e})") from None
 
 
+def _vocab_divisor(cfg: SlimeArgs, path: str, kind: str) -> int:
+    """The padding divisor a checkpoint's embedding rows are compared by.
+
+    A torch_dist checkpoint's recorded divisor, else the run's `--make-vocab-size-divisible-by`. A recorded divisor
+    other than the run's is the Megatron loader's error (`_key_shapes_check`, one line naming both); an export to HF
+    (FSDP) drops the padding whatever it is.
+    """
+    if kind == "torch_dist":
+        from slime_convert.torch_dist import resolve_iteration_dir
+        from slime_convert.vocab_padding import read_recorded_divisor
+
+        recorded = read_recorded_divisor(resolve_iteration_dir(path))
+        if recorded is not None:
+            return recorded
+    return cfg.make_vocab_size_divisible_by
+
+
 def _architecture_check(cfg: SlimeArgs) -> tuple[list[str], list[str]]:
     """Compares `--ref-load`, `--load` and `--critic-load` with `--hf-checkpoint` (`slime_app.checkpoint_shapes`).
 
@@ -459,7 +480,10 @@ def _architecture_check(cfg: SlimeArgs) -> tuple[list[str], list[str]]:
         found = _fields_of(flag, path, kind)
         if found is None:
             continue
-        mismatches += architecture_mismatches(expected, found, flag=flag, path=path, hf_checkpoint=cfg.hf_checkpoint)
+        mismatches += architecture_mismatches(
+            expected, found, flag=flag, path=path, hf_checkpoint=cfg.hf_checkpoint,
+            vocab_divisor=_vocab_divisor(cfg, path, kind),
+        )  # fmt: skip
         shared = [f for f, v in found.items() if v is not None and expected.get(f) is not None]
         notes.append(
             f"{flag} {path}: {', '.join(shared)} compared with --hf-checkpoint" if shared
@@ -496,7 +520,7 @@ def _convertible(cfg: SlimeArgs) -> None:
     if not cfg.hf_checkpoint:
         raise ValueError(f"--ref-load {cfg.ref_load}: converting torch_dist to HF needs --hf-checkpoint (its config)")
     try:
-        ModelArgs.from_hf_dir(cfg.hf_checkpoint)
+        ModelArgs.from_hf_dir(cfg.hf_checkpoint, make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by)
     except ValueError as e:
         raise ValueError(
             f"--ref-load {cfg.ref_load} is torch_dist and FSDP needs HF weights, but slime-convert cannot convert this "

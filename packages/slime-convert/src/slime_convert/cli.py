@@ -1,7 +1,8 @@
 r"""`slime-convert`: command-line HF ↔ Megatron torch_dist conversion.
 
 Usage:
-    slime-convert hf-to-mcore --hf-checkpoint /models/Qwen3-4B --save /ckpt/Qwen3-4B_torch_dist [--tp 2 --pp 1]
+    slime-convert hf-to-mcore --hf-checkpoint /models/Qwen3-4B --save /ckpt/Qwen3-4B_torch_dist [--tp 2 --pp 1] \
+        [--make-vocab-size-divisible-by 64]
     slime-convert mcore-to-hf --input-dir /ckpt/run/iter_0000100 --output-dir /models/out \
         --origin-hf-dir /models/Qwen3-4B
     slime-convert fsdp-to-hf --input-dir /ckpt/run --output-dir /models/out --origin-hf-dir /models/Qwen3-4B
@@ -33,6 +34,13 @@ def _torch_dtype(name: str | None) -> Any:
     return getattr(torch, _DTYPES[name])
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(
@@ -49,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     to_mcore.add_argument(
         "--pp", "--pipeline-model-parallel-size", dest="pp", type=int, default=1, help="PP size (validated)"
     )
+    to_mcore.add_argument(
+        "--make-vocab-size-divisible-by", type=_positive_int, default=128,
+        help="pad the vocabulary to a multiple of this × TP (Megatron's flag; default 128); recorded in the checkpoint",
+    )  # fmt: skip
     to_mcore.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast weights (default: keep)")
     to_mcore.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -67,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="rows of embedding/head to keep (default: config.json's vocab_size, padding removed)",
     )
+    to_hf.add_argument(
+        "--make-vocab-size-divisible-by", type=_positive_int, default=None,
+        help="the divisor the checkpoint was padded with (Megatron's flag): checked against the one it records",
+    )  # fmt: skip
     to_hf.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast weights (default: keep)")
     to_hf.add_argument("-f", "--force", action="store_true", help="overwrite --output-dir")
     to_hf.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -97,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     flags = sub.add_parser("megatron-args", help="print the Megatron model flags equivalent to a HF config")
     flags.add_argument("--hf-checkpoint", required=True, help="HF model directory")
+    flags.add_argument(
+        "--make-vocab-size-divisible-by", type=_positive_int, default=128, help="the run's vocabulary padding divisor"
+    )
     return parser
 
 
@@ -124,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if ns.command == "megatron-args":
-            sys.stdout.write(shlex.join(ModelArgs.from_hf_dir(ns.hf_checkpoint).megatron_flags()) + "\n")
+            model_args = ModelArgs.from_hf_dir(
+                ns.hf_checkpoint, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by
+            )
+            sys.stdout.write(shlex.join(model_args.megatron_flags()) + "\n")
         elif ns.command == "hf-to-fp8":
             from slime_convert.fp8 import hf_to_fp8
 
@@ -133,13 +155,16 @@ def main(argv: list[str] | None = None) -> int:
         elif ns.command == "hf-to-mcore":
             from slime_convert.convert import hf_to_mcore
 
-            model_args = ModelArgs.from_hf_dir(ns.hf_checkpoint)
+            model_args = ModelArgs.from_hf_dir(
+                ns.hf_checkpoint, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by
+            )
             logger.info("equivalent Megatron flags: %s", shlex.join(model_args.megatron_flags(ns.tp)))
             hf_to_mcore(
                 ns.hf_checkpoint,
                 ns.save,
                 tensor_model_parallel_size=ns.tp,
                 pipeline_model_parallel_size=ns.pp,
+                make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
                 dtype=_torch_dtype(ns.dtype),
                 progress=not ns.no_progress,
             )
@@ -157,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 ns.origin_hf_dir,
                 chunk_size=ns.chunk_size,
                 vocab_size=ns.vocab_size,
+                make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
                 dtype=_torch_dtype(ns.dtype),
                 force=ns.force,
                 progress=not ns.no_progress,

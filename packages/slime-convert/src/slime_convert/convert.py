@@ -33,6 +33,7 @@ from slime_convert.torch_dist import (
     sharded_object_key,
     write_torch_dist,
 )
+from slime_convert.vocab_padding import check_vocab_divisor, read_recorded_divisor
 from slime_core.checkpoint_dirs import FSDP_MODEL_DIR, TRACKER_FILE, iteration_name, tracker_step
 from slime_core.dir_swap import MARKER, remove, write_text_atomic
 from slime_core.hf_checkpoint import copy_assets, describe_exported_weights
@@ -110,19 +111,22 @@ def hf_to_mcore(
     *,
     tensor_model_parallel_size: int = 1,
     pipeline_model_parallel_size: int = 1,
+    make_vocab_size_divisible_by: int = 128,
     dtype: torch.dtype | None = None,
     progress: bool = True,
 ) -> pathlib.Path:
     """Converts a HF checkpoint into a Megatron torch_dist checkpoint.
 
-    torch_dist stores global tensors, so one checkpoint loads under any TP/PP layout; the TP size only
-    sets the vocabulary padding (to a multiple of 128×TP), and the PP size is validated.
+    torch_dist stores global tensors, so one checkpoint loads under any TP/PP layout whose vocabulary padding is the
+    same; the TP size and the divisor set that padding (to a multiple of divisor × TP; the divisor is recorded in
+    `common.pt` and checked when the checkpoint is loaded or exported), and the PP size is validated.
 
     Args:
         hf_dir: HF model directory (`config.json` + safetensors).
         save_dir: output root; `<save_dir>/release` is created.
         tensor_model_parallel_size: `--tp`.
         pipeline_model_parallel_size: `--pp`; must not exceed the layer count.
+        make_vocab_size_divisible_by: `--make-vocab-size-divisible-by` (Megatron's default 128).
         dtype: cast weights to this dtype (default: keep the stored dtype); a value beyond its range is refused.
         progress: show a tqdm bar.
 
@@ -130,7 +134,7 @@ def hf_to_mcore(
         The written iteration directory.
 
     Raises:
-        ValueError: bad TP/PP, unsupported model, a quantized checkpoint (FP8), a missing HF tensor (named), a
+        ValueError: bad TP/PP/divisor, unsupported model, a quantized checkpoint (FP8), a missing HF tensor (named), a
             tensor whose shape is not the one config.json implies (`slime_convert.shapes.check_hf_shapes`), or a
             tensor config.json does not describe (an extra layer; a tied model's `lm_head.weight` other than the
             embedding) that would be dropped (`slime_convert.shapes.check_hf_unused`); all checked before anything
@@ -139,7 +143,7 @@ def hf_to_mcore(
             tracker naming a training iteration.
         slime_core.dir_swap.ReplaceRefused: `<save_dir>.tmp` or `<save_dir>.old` is in the way and not slime's.
     """
-    args = ModelArgs.from_hf_dir(hf_dir)
+    args = ModelArgs.from_hf_dir(hf_dir, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     _refuse_quantized(pathlib.Path(hf_dir) / "config.json")
     if tensor_model_parallel_size < 1 or pipeline_model_parallel_size < 1:
         raise ValueError(f"--tp and --pp must be ≥ 1, got {tensor_model_parallel_size}, {pipeline_model_parallel_size}")
@@ -225,6 +229,7 @@ def hf_to_mcore(
             tensor_model_parallel_size=tensor_model_parallel_size,
             pipeline_model_parallel_size=pipeline_model_parallel_size,
             padded_vocab_size=args.padded_vocab_size(tensor_model_parallel_size),
+            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,  # as Megatron-LM's args record it
             ckpt_format="torch_dist",
             hf_model_type=args.model_type,
         ),
@@ -295,11 +300,15 @@ def mcore_to_hf(
     *,
     chunk_size: int = 5 * 1024**3,
     vocab_size: int | None = None,
+    make_vocab_size_divisible_by: int | None = None,
     dtype: torch.dtype | None = None,
     force: bool = False,
     progress: bool = True,
 ) -> pathlib.Path:
     """Converts a Megatron torch_dist checkpoint into a HF safetensors checkpoint.
+
+    The padding rows are dropped whatever their count; a divisor given is checked against the one the checkpoint
+    records (`slime_convert.vocab_padding`), and against its row count.
 
     Args:
         input_dir: an iteration dir (`iter_0000010`, `release`) or a save root with the tracker file.
@@ -308,6 +317,8 @@ def mcore_to_hf(
             config files are copied, the config stating the written dtype and no `quantization_config`).
         chunk_size: max bytes per safetensors shard (`--chunk-size`).
         vocab_size: rows to keep of embedding/head (`--vocab-size`; default: the config's vocab_size).
+        make_vocab_size_divisible_by: `--make-vocab-size-divisible-by` the checkpoint was written with (None: not
+            checked).
         dtype: cast weights to this dtype (default: keep the stored dtype); a value beyond its range is refused.
         force: replace `output_dir` if it exists (`-f/--force`), once the new checkpoint is complete.
         progress: show a tqdm bar.
@@ -320,10 +331,11 @@ def mcore_to_hf(
             `origin_hf_dir` (with `force` it would delete them).
         FileNotFoundError: a file of `origin_hf_dir` is a link to a missing file (it would not be copied).
         KeyError: a tensor the mapping needs is missing from the checkpoint.
-        ValueError: `vocab_size` < 1, more rows than the checkpoint holds, or a stored tensor whose shape or layer
-            count is not what `origin_hf_dir`'s config.json implies (`slime_convert.shapes.check_torch_dist_shapes`),
-            or a stored model tensor that config has no HF name for (`check_torch_dist_unused`); both checked before
-            anything is written.
+        ValueError: `vocab_size` < 1, more rows than the checkpoint holds, another recorded divisor than
+            `make_vocab_size_divisible_by` (naming both) or rows that are no multiple of it, or a stored tensor whose
+            shape or layer count is not what `origin_hf_dir`'s config.json implies
+            (`slime_convert.shapes.check_torch_dist_shapes`), or a stored model tensor that config has no HF name
+            for (`check_torch_dist_unused`); both checked before anything is written.
         OSError: writing failed (a full disk); `output_dir` is left as it was (the new files go to
             `<output_dir>.tmp` first, which is removed).
     """
@@ -339,6 +351,8 @@ def mcore_to_hf(
             )  # fmt: skip
         args = dataclasses.replace(args, vocab_size=vocab_size)
     ckpt = TorchDistReader(resolve_iteration_dir(input_dir))
+    if make_vocab_size_divisible_by is not None:
+        _check_export_divisor(ckpt, args, make_vocab_size_divisible_by)
     check_torch_dist_shapes(ckpt.tensor_keys(), args, ckpt_dir=ckpt.dir, origin_hf_dir=origin_hf_dir)
     check_torch_dist_unused(ckpt.tensor_keys(), args, ckpt_dir=ckpt.dir, origin_hf_dir=origin_hf_dir)
     dangling = sorted(p.name for p in pathlib.Path(origin_hf_dir).iterdir() if p.is_symlink() and not p.exists())
@@ -355,6 +369,19 @@ def mcore_to_hf(
         describe_exported_weights(tmp / "config.json", writer.dtypes)
     logger.info("wrote HF checkpoint to %s", out)
     return out
+
+
+def _check_export_divisor(ckpt: TorchDistReader, args: ModelArgs, divisor: int) -> None:
+    """Refuses an export given another `--make-vocab-size-divisible-by` than the checkpoint's (recorded or its rows)."""
+    args = dataclasses.replace(args, make_vocab_size_divisible_by=divisor)
+    where = f"--input-dir {ckpt.dir}"
+    check_vocab_divisor(where, read_recorded_divisor(ckpt.dir), args)
+    for key, (shape, _) in ckpt.tensor_keys().items():
+        if key in ("embedding.word_embeddings.weight", "output_layer.weight") and shape[0] % divisor:
+            raise ValueError(
+                f"{where}: {key} has {shape[0]} rows, not a multiple of --make-vocab-size-divisible-by {divisor}: "
+                "it was written with another divisor"
+            )
 
 
 def _fsdp_model_dir(path: pathlib.Path) -> pathlib.Path:

@@ -16,6 +16,7 @@ from slime_convert.hf_io import HFCheckpointReader
 from slime_convert.mapping import expand_mappings
 from slime_convert.model_args import ModelArgs
 from slime_convert.shapes import check_hf_shapes, check_torch_dist_shapes
+from slime_convert.vocab_padding import check_torch_dist_padding
 
 __all__ = ["check_hf_checkpoint", "check_torch_dist_checkpoint"]
 
@@ -86,11 +87,13 @@ def check_torch_dist_checkpoint(
     *,
     config_dir: str | os.PathLike[str],
     ckpt_step: int | None = None,
+    tensor_model_parallel_size: int | None = None,
 ) -> None:
     """Checks a torch_dist checkpoint (`--load`, `--ref-load`) against the architecture the trainer builds.
 
-    Reads only the `.metadata` of the iteration the loader would read; every mapped key must hold `num_layers`
-    layers of the shape `args` implies (`slime_convert.shapes.check_torch_dist_shapes`).
+    Reads only the `.metadata` (and `common.pt` with `tensor_model_parallel_size`) of the iteration the loader would
+    read; every mapped key must hold `num_layers` layers of the shape `args` implies
+    (`slime_convert.shapes.check_torch_dist_shapes`).
 
     Args:
         flag: the flag that named `path`, for the message.
@@ -98,9 +101,12 @@ def check_torch_dist_checkpoint(
         args: the architecture from `<config_dir>/config.json`.
         config_dir: the directory whose config.json gave `args` (`--hf-checkpoint`).
         ckpt_step: the iteration the loader reads (`--ckpt-step`), else the tracker's.
+        tensor_model_parallel_size: the TP degree of a Megatron model the checkpoint loads into: its vocabulary
+            padding must then be the model's (`slime_convert.vocab_padding`); None (an export to HF) accepts any.
 
     Raises:
-        ValueError: `"{flag} {path}: <key> has shape [...], expected [...]; <config> says <fields>."`.
+        ValueError: `"{flag} {path}: <key> has shape [...], expected [...]; <config> says <fields>."`, or a
+            checkpoint written with another `--make-vocab-size-divisible-by` (naming both values).
         FileNotFoundError: no torch_dist checkpoint at `path`.
     """
     # Here, not at the top: torch's distributed checkpoint package (~2 CPU-s of imports) is needed only for a
@@ -112,3 +118,5 @@ def check_torch_dist_checkpoint(
         ckpt.tensor_keys(), args, ckpt_dir=ckpt.dir, origin_hf_dir=config_dir, where=f"{flag} {path}",
         hint=_hint(flag, config_dir),
     )  # fmt: skip
+    if tensor_model_parallel_size is not None:
+        check_torch_dist_padding(f"{flag} {path}", ckpt.dir, args, tensor_model_parallel_size)

@@ -130,6 +130,12 @@ class ModelArgs:
             (residual) dropout, so Megatron's `hidden_dropout` stays 0.
         rope_scaling_factor: Llama 3.x RoPE frequency scaling factor (HF `rope_type: llama3`; 8 for Llama 3.1,
             32 for Llama 3.2), or None for plain RoPE (`--use-rope-scaling --rotary-scaling-factor`).
+        make_vocab_size_divisible_by: Megatron pads the embedding and output-layer rows to a multiple of this × TP
+            (`--make-vocab-size-divisible-by`, Megatron's default 128); not in config.json: the run's Megatron flags
+            give it, and a torch_dist checkpoint's row count depends on it.
+
+    Raises:
+        ValueError: `make_vocab_size_divisible_by` < 1.
     """
 
     model_type: str
@@ -158,6 +164,13 @@ class ModelArgs:
     torch_dtype: str | None = None
     attention_dropout: float = 0.0
     rope_scaling_factor: float | None = None
+    make_vocab_size_divisible_by: int = 128
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.make_vocab_size_divisible_by, int) or self.make_vocab_size_divisible_by < 1:
+            raise ValueError(
+                f"--make-vocab-size-divisible-by must be a positive integer, got {self.make_vocab_size_divisible_by!r}"
+            )
 
     @property
     def is_moe(self) -> bool:
@@ -171,11 +184,15 @@ class ModelArgs:
 
     def padded_vocab_size(self, tensor_model_parallel_size: int = 1) -> int:
         """Megatron embedding rows for this TP degree (see `padded_vocab_size`)."""
-        return padded_vocab_size(self.vocab_size, tensor_model_parallel_size)
+        return padded_vocab_size(self.vocab_size, tensor_model_parallel_size, self.make_vocab_size_divisible_by)
 
     @classmethod
-    def from_hf_dir(cls, hf_dir: str | pathlib.Path) -> ModelArgs:
+    def from_hf_dir(cls, hf_dir: str | pathlib.Path, *, make_vocab_size_divisible_by: int = 128) -> ModelArgs:
         """Reads `<hf_dir>/config.json`.
+
+        Args:
+            hf_dir: HF model directory.
+            make_vocab_size_divisible_by: the run's `--make-vocab-size-divisible-by` (not in config.json).
 
         Raises:
             FileNotFoundError: no config.json in `hf_dir`.
@@ -189,17 +206,18 @@ class ModelArgs:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from e
         try:
-            return cls.from_hf_config(config)
+            return cls.from_hf_config(config, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from e
 
     @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> ModelArgs:
+    def from_hf_config(cls, config: dict[str, Any], *, make_vocab_size_divisible_by: int = 128) -> ModelArgs:
         """Derives the architecture from a parsed HF `config.json`.
 
         Args:
             config: the JSON object (e.g. `json.load(open("config.json"))` or `PretrainedConfig.to_dict()`); a field
                 it leaves out takes the default of the family's transformers config class (`_HF_DEFAULTS`).
+            make_vocab_size_divisible_by: the run's `--make-vocab-size-divisible-by` (Megatron's vocabulary padding).
 
         Returns:
             The model arguments.
@@ -281,6 +299,7 @@ class ModelArgs:
             torch_dtype=config.get("torch_dtype") or config.get("dtype"),
             attention_dropout=float(config.get("attention_dropout") or 0.0),
             rope_scaling_factor=rope_scaling_factor,
+            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
             **moe,
         )
 
@@ -289,7 +308,7 @@ class ModelArgs:
 
         Args:
             tensor_model_parallel_size: TP degree; unused because Megatron pads the vocabulary itself from
-                `--vocab-size` and `--make-vocab-size-divisible-by 128` (kept for a stable signature).
+                `--vocab-size` and `--make-vocab-size-divisible-by` (kept for a stable signature).
 
         Returns:
             Flat list of CLI tokens, e.g. `["--num-layers", "28", "--hidden-size", "1024", ...]`.
@@ -311,7 +330,7 @@ class ModelArgs:
             "--swiglu",
             "--disable-bias-linear",
             "--vocab-size", str(self.vocab_size),
-            "--make-vocab-size-divisible-by", "128",
+            "--make-vocab-size-divisible-by", str(self.make_vocab_size_divisible_by),
             "--attention-dropout", f"{self.attention_dropout:g}" if self.attention_dropout else "0.0",
             "--hidden-dropout", "0.0",
         ]  # fmt: skip
@@ -377,7 +396,10 @@ class ModelArgs:
         return kwargs
 
     def gpt_model_kwargs(self, tensor_model_parallel_size: int = 1) -> dict[str, Any]:
-        """Keyword arguments of megatron-core's `GPTModel` besides `config` and `transformer_layer_spec`."""
+        """Keyword arguments of megatron-core's `GPTModel` besides `config` and `transformer_layer_spec`.
+
+        `vocab_size` is the padded row count (`padded_vocab_size`: `make_vocab_size_divisible_by` × TP).
+        """
         kwargs: dict[str, Any] = {
             "vocab_size": self.padded_vocab_size(tensor_model_parallel_size),
             "max_sequence_length": self.max_position_embeddings,

@@ -32,6 +32,7 @@ from megatron.core import parallel_state
 
 from slime_convert import ModelArgs
 from slime_convert.torch_dist import resolve_iteration_dir
+from slime_convert.vocab_padding import check_torch_dist_padding
 from slime_core.algorithms.fused_head import resolve_chunk_size
 from slime_core.batch import RolloutBatch
 from slime_core.checkpoint_dirs import iteration_name, no_reference_message, saved_reference
@@ -121,8 +122,12 @@ class MegatronTrainBackend:
         s = self.settings = MegatronSettings.from_config(cfg)
         if not cfg.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required (model architecture and tokenizer)")
-        self.model_args = ModelArgs.from_hf_dir(cfg.hf_checkpoint)
-        check_load_shapes(cfg.hf_checkpoint, s.ref_load, s.load, s.ckpt_step, self.model_args)  # before any GPU work
+        self.model_args = ModelArgs.from_hf_dir(
+            cfg.hf_checkpoint, make_vocab_size_divisible_by=s.make_vocab_size_divisible_by
+        )
+        check_load_shapes(  # before any GPU work
+            cfg.hf_checkpoint, s.ref_load, s.load, s.ckpt_step, self.model_args, s.tensor_model_parallel_size
+        )
         parts = build_parallel_model(cfg, s, self.model_args)
         self.attention, self.module, self.model = parts.attention, parts.module, parts.model
         cuda = torch.cuda.is_available()
@@ -167,6 +172,10 @@ class MegatronTrainBackend:
     def _load_teacher(self) -> None:
         """Holds a CPU copy of the OPD teacher's parameters (`--opd-teacher-load`); the actor's weights are put back."""
         path = self.cfg.opd_teacher_load
+        if is_megatron_checkpoint(path):  # its padding must be the actor's: megatron's load says only "shape"
+            step = self.cfg.opd_teacher_ckpt_step
+            check_torch_dist_padding(f"--opd-teacher-load {path}", resolve_iteration_dir(path, step), self.model_args,
+                                     self.settings.tensor_model_parallel_size)  # fmt: skip
 
         def load() -> None:
             if is_megatron_checkpoint(path):
@@ -365,7 +374,7 @@ class MegatronTrainBackend:
         # The reference follows the actor: a resume needs it (the initial weights are not it past an update).
         reference = self.weights.swapped("ref") if self.cfg.ref_update_interval and self.has_ref else None
         save_checkpoint(s.save, rollout_id, self.module, self.optimizer, self.scheduler, save_optim=not s.no_save_optim,
-                        reference=reference)  # fmt: skip
+                        reference=reference, make_vocab_size_divisible_by=s.make_vocab_size_divisible_by)  # fmt: skip
 
     def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Buckets of full HF-named tensors (TP/EP gathered, PP broadcast; collective on every rank)."""

@@ -27,6 +27,7 @@ from megatron.core import dist_checkpointing
 from slime_convert import ModelArgs
 from slime_convert.load_shapes import check_hf_checkpoint, check_torch_dist_checkpoint
 from slime_convert.torch_dist import TorchDistReader, resolve_iteration_dir
+from slime_convert.vocab_padding import DIVISOR_KEY
 from slime_core.checkpoint_dirs import REFERENCE_DIR, TRACKER_FILE, iteration_name, no_optimizer_state_message
 from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_text_atomic
 from slime_core.fp8 import trainer_weights_dir
@@ -52,7 +53,12 @@ def is_megatron_checkpoint(path: str | os.PathLike[str] | None) -> bool:
 
 
 def check_load_shapes(
-    hf_checkpoint: str, ref_load: str | None, load: str | None, ckpt_step: int | None, model_args: ModelArgs
+    hf_checkpoint: str,
+    ref_load: str | None,
+    load: str | None,
+    ckpt_step: int | None,
+    model_args: ModelArgs,
+    tensor_model_parallel_size: int = 1,
 ) -> None:
     """Checks the actor's initial weights and `--load` against `--hf-checkpoint`'s config, before the model is built.
 
@@ -66,19 +72,28 @@ def check_load_shapes(
         ref_load: `--ref-load`, or None.
         load: `--load`, or None.
         ckpt_step: `--ckpt-step`, or None for the latest.
-        model_args: the architecture the model is built with.
+        model_args: the architecture the model is built with (its `make_vocab_size_divisible_by` is the run's).
+        tensor_model_parallel_size: the run's TP degree: a torch_dist checkpoint's embedding rows must be the
+            model's (`slime_convert.vocab_padding`).
 
     Raises:
-        ValueError: naming the flag, the path, the first mismatching keys and the config fields.
+        ValueError: naming the flag, the path, the first mismatching keys and the config fields; or a torch_dist
+            checkpoint padded with another `--make-vocab-size-divisible-by` (naming both values) or TP size.
     """
     if ref_load and is_megatron_checkpoint(ref_load):
-        check_torch_dist_checkpoint("--ref-load", ref_load, model_args, config_dir=hf_checkpoint)
+        check_torch_dist_checkpoint(
+            "--ref-load", ref_load, model_args, config_dir=hf_checkpoint,
+            tensor_model_parallel_size=tensor_model_parallel_size,
+        )  # fmt: skip
     else:
         source = trainer_weights_dir(hf_checkpoint, ref_load)
         flag = "--hf-checkpoint" if source == hf_checkpoint else "--ref-load"
         check_hf_checkpoint(flag, source, model_args, config_dir=hf_checkpoint)
     if load and is_megatron_checkpoint(load):
-        check_torch_dist_checkpoint("--load", load, model_args, config_dir=hf_checkpoint, ckpt_step=ckpt_step)
+        check_torch_dist_checkpoint(
+            "--load", load, model_args, config_dir=hf_checkpoint, ckpt_step=ckpt_step,
+            tensor_model_parallel_size=tensor_model_parallel_size,
+        )  # fmt: skip
 
 
 def check_value_head_checkpoint(flag: str, path: str, ckpt_step: int | None, hidden_size: int) -> None:
@@ -157,6 +172,7 @@ def save_checkpoint(
     *,
     save_optim: bool = True,
     reference: contextlib.AbstractContextManager[Any] | None = None,
+    make_vocab_size_divisible_by: int = 128,
 ) -> pathlib.Path:
     """Writes `<save_dir>/iter_{rollout_id:07d}` atomically (collective).
 
@@ -171,6 +187,8 @@ def save_checkpoint(
         reference: a context in which `model` holds the KL reference's weights (`WeightSwap.swapped("ref")`), given
             with `--ref-update-interval`: they are saved as a torch_dist checkpoint in `iter_XXXXXXX/ref`
             (`load_reference` reads them back).
+        make_vocab_size_divisible_by: the run's vocabulary padding divisor, recorded for the next load's check
+            (`slime_convert.vocab_padding`).
 
     Returns:
         The checkpoint directory.
@@ -188,6 +206,7 @@ def save_checkpoint(
         "iteration": rollout_id,
         "checkpoint_version": 3.0,
         "optimizer_saved": save_optim,
+        DIVISOR_KEY: make_vocab_size_divisible_by,
     }
     if save_optim:
         state["optimizer"] = optimizer.sharded_state_dict(model_sd)

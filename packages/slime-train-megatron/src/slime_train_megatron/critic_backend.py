@@ -22,6 +22,8 @@ import torch
 from megatron.core import parallel_state
 
 from slime_convert import ModelArgs
+from slime_convert.torch_dist import resolve_iteration_dir
+from slime_convert.vocab_padding import check_torch_dist_padding
 from slime_core.batch import RolloutBatch
 from slime_core.config import SlimeArgs
 from slime_core.critic import ValueLoss, train_critic_on_rollout
@@ -84,10 +86,14 @@ class MegatronCriticBackend:
         s = self.settings = MegatronSettings.from_config(cfg)
         if not cfg.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required (model architecture and tokenizer)")
-        self.model_args = ModelArgs.from_hf_dir(cfg.hf_checkpoint)
+        self.model_args = ModelArgs.from_hf_dir(
+            cfg.hf_checkpoint, make_vocab_size_divisible_by=s.make_vocab_size_divisible_by
+        )
         if s.load and is_megatron_checkpoint(s.load):  # before any GPU work
             flag = "--critic-load" if cfg.critic_load else "--load"
             check_value_head_checkpoint(flag, s.load, s.ckpt_step, self.model_args.hidden_size)
+            check_torch_dist_padding(f"{flag} {s.load}", resolve_iteration_dir(s.load, s.ckpt_step), self.model_args,
+                                     s.tensor_model_parallel_size, value_head=True)  # fmt: skip
         parts = build_parallel_model(cfg, s, self.model_args, value_head=True)
         self.module, self.model = parts.module, parts.model
         self.optimizer, self.scheduler = build_optimizer(parts, s, cfg)
@@ -199,7 +205,8 @@ class MegatronCriticBackend:
         if not self.settings.save:
             raise ValueError("save() needs --critic-save or --save")
         s = self.settings
-        save_checkpoint(s.save, rollout_id, self.module, self.optimizer, self.scheduler, save_optim=not s.no_save_optim)
+        save_checkpoint(s.save, rollout_id, self.module, self.optimizer, self.scheduler, save_optim=not s.no_save_optim,
+                        make_vocab_size_divisible_by=s.make_vocab_size_divisible_by)  # fmt: skip
 
     def sleep(self) -> None:
         """Moves parameters, gradient buffers and optimizer state to CPU and frees accelerator memory."""

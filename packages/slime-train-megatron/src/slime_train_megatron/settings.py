@@ -128,6 +128,9 @@ class MegatronSettings(BaseModel):
     moe_permute_fusion: bool = False
     moe_enable_deepep: bool = Field(False, description="DeepEP dispatch (with --moe-token-dispatcher-type flex).")
     deterministic_mode: bool = Field(False, description="megatron-core's deterministic mode (--deterministic-mode).")
+    make_vocab_size_divisible_by: int = Field(
+        128, ge=1, description="Embedding/output-layer rows padded to a multiple of this × TP (Megatron's default)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> MegatronSettings:

@@ -65,7 +65,7 @@ def preflight(cfg: Any) -> list[Problem]:
     with open(config, encoding="utf-8") as f:
         hf_config = json.load(f)
     try:
-        ModelArgs.from_hf_config(hf_config)
+        ModelArgs.from_hf_config(hf_config, make_vocab_size_divisible_by=settings.make_vocab_size_divisible_by)
     except ValueError as e:
         return [Problem(message=f"cannot build this model ({e}); use --train-backend fsdp")]
     return notes

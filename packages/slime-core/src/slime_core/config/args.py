@@ -117,8 +117,8 @@ class SlimeArgs(
             found = True if not values else values[0] if len(values) == 1 else values
         return found
 
-    def _parallel_size(self, flag: str) -> int:
-        value = self.megatron_flag(flag, 1)
+    def _parallel_size(self, flag: str, default: int = 1) -> int:
+        value = self.megatron_flag(flag, default)
         try:
             size = int(value)
         except (TypeError, ValueError):
@@ -126,6 +126,15 @@ class SlimeArgs(
         if size < 1:  # 0 divided the dry run's layout arithmetic by zero
             raise ConfigError(f"{flag}: expected an integer >= 1, got {value!r}")
         return size
+
+    @property
+    def make_vocab_size_divisible_by(self) -> int:
+        """`--make-vocab-size-divisible-by`, Megatron's default 128 when absent.
+
+        The vocabulary padding of Megatron models and torch_dist checkpoints (`slime_convert.model_args`); FSDP
+        never pads, and reads it only to recognise a torch_dist `--ref-load`'s padding.
+        """
+        return self._parallel_size("--make-vocab-size-divisible-by", 128)
 
     @property
     def _megatron_native(self) -> bool:

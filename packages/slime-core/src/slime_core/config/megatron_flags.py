@@ -173,8 +173,10 @@ MEGATRON_FLAG_RULES.update({
                        "config.json (Qwen2/Qwen3/Llama/Qwen3-MoE: megatron-core's GPT layer; GLM4: the original's "
                        "slime_plugins.models.glm4 get_glm_spec) and checks that the spec names that layer; under "
                        "FSDP the HF model is the spec"),
-    "--make-vocab-size-divisible-by": FlagRule("neutral", "noop", "the embedding rows are padded to a multiple of "
-                                               "128 × TP (Megatron); FSDP keeps the HF vocabulary", neutral="128"),
+    "--make-vocab-size-divisible-by": FlagRule("read", "noop", "Megatron pads the embedding/output rows to a multiple "
+                                               "of it × TP (recorded in torch_dist checkpoints; padding rows never "
+                                               "reach the log-probs or the engines); FSDP keeps the HF vocabulary "
+                                               "and never pads"),
     "--padded-vocab-size": FlagRule("error", "error", "use --make-vocab-size-divisible-by"),
     # -- checkpoints ------------------------------------------------------------------------------------------
     "--finetune": FlagRule("read", "error", "FSDP resumes from --load; to start fresh, leave --load out"),
