@@ -67,6 +67,7 @@ class EngineSlot:
         outstanding: generation requests in flight on it.
         calls: the in-flight `/generate` calls (tasks), cancelled by `EnginePool.mark_failed`.
         reason: why it last failed.
+        probing: the frozen-engine probe (`/health_generate`) running for its slow requests, shared by them.
     """
 
     index: int
@@ -75,11 +76,25 @@ class EngineSlot:
     outstanding: int = 0
     calls: dict[asyncio.Task, float] = dataclasses.field(default_factory=dict)  # call -> start (monotonic s)
     reason: str = ""
+    probing: asyncio.Task | None = dataclasses.field(default=None, repr=False)
 
     @property
     def url(self) -> str:
         """The engine's base URL."""
         return self.client.url
+
+    async def shared_probe(self, timeout_s: float) -> bool:
+        """Whether `/health_generate` answered 200 within `timeout_s`: one probe at a time, awaited by every caller.
+
+        The requests of a frozen (or slow) engine reach their warning together: a probe each was hundreds of
+        generations sent at once into an engine already behind. Shielded: a caller cancelled (its request done or
+        failed over) leaves the probe to the others.
+        """
+        probe = self.probing
+        # A new one when none runs, or the running one is of another loop (a rollout's loop ended with it pending).
+        if probe is None or probe.done() or probe.get_loop() is not asyncio.get_running_loop():
+            probe = self.probing = asyncio.ensure_future(self.client.health_generate(timeout=timeout_s))
+        return await asyncio.shield(probe)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -322,7 +337,7 @@ class EnginePool:
             moves = self.weight_moves
             if self.weights_moving:
                 return  # a paused engine holds the request and the probe alike
-            healthy = await slot.client.health_generate(timeout=self.probe_timeout_s)
+            healthy = await slot.shared_probe(self.probe_timeout_s)
             if not healthy and not self.judged_during_push(moves):
                 raise EngineError(
                     slot.url,
