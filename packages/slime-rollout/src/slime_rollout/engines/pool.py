@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -77,6 +78,8 @@ class EngineSlot:
     calls: dict[asyncio.Task, float] = dataclasses.field(default_factory=dict)  # call -> start (monotonic s)
     reason: str = ""
     probing: asyncio.Task | None = dataclasses.field(default=None, repr=False)
+    warned_at: float = dataclasses.field(default=-float("inf"), repr=False)  # its last slow-request warning
+    unwarned: int = dataclasses.field(default=0, repr=False)  # slow-request warnings folded into the next one
 
     @property
     def url(self) -> str:
@@ -324,6 +327,19 @@ class EnginePool:
             slot.calls.pop(call, None)
             slot.outstanding -= 1
 
+    def _warn_slow(self, slot: EngineSlot, message: str) -> None:
+        """Logs a slow request of `slot`, at most one line per half warning interval per engine, with a count.
+
+        The requests of a stalled engine reach their warning together: one line each was hundreds of lines at once.
+        """
+        now = time.monotonic()
+        if now - slot.warned_at < self.slow_warning_s / 2:
+            slot.unwarned += 1
+            return
+        more = f"; {slot.unwarned} more such warning(s) on this engine since the last" if slot.unwarned else ""
+        slot.warned_at, slot.unwarned = now, 0
+        logger.warning("%s (%d request(s) in flight on it%s)", message, slot.outstanding, more)
+
     async def _bounded(self, slot: EngineSlot, call: asyncio.Future, payload: dict[str, Any]) -> Any:
         """Awaits `call` with warnings, a frozen-engine probe (without failover) and the request deadline.
 
@@ -356,6 +372,7 @@ class EnginePool:
                 flag="--sglang-router-request-timeout-secs",
                 warn_every_s=self.slow_warning_s,
                 on_slow=None if self.failover else probe,  # with failover the health monitor judges engines
+                warn=functools.partial(self._warn_slow, slot),
             )
         except DeadlineExceeded as exc:
             raise EngineError(slot.url, "/generate", str(exc), unreachable=True) from None
