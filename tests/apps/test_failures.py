@@ -207,6 +207,18 @@ def test_an_engine_failure_is_one_line_with_what_to_do(tmp_path):
     assert engine_failure(ValueError("a bug"), _cfg(tmp_path)) is None  # other errors keep their traceback
 
 
+def test_a_frozen_engines_line_gives_the_fault_tolerance_advice_once(tmp_path):
+    # Issue 27: an engine frozen with SIGSTOP ended the run with "... the engine is frozen (--use-fault-tolerance
+    # restarts such engines) (--use-fault-tolerance restarts an engine that dies; resume ...)".
+    frozen = EngineError("http://10.0.0.5:15000", "/generate", "no reply after 60 s, and /health_generate gave no 200 "
+                         "within 30 s (--rollout-health-check-timeout): the engine is frozen (--use-fault-tolerance "
+                         "restarts such engines)", unreachable=True)  # fmt: skip
+    wrapped = ray.exceptions.RayTaskError("RolloutManager.generate", "Traceback ...", frozen).as_instanceof_cause()
+    line = engine_failure(wrapped, _cfg(tmp_path, save=str(tmp_path / "ckpt")))
+    assert line.count("--use-fault-tolerance") == 1, line
+    assert line.endswith(f"restarts such engines) (resume from the last checkpoint with --load {tmp_path / 'ckpt'})")
+
+
 def test_a_failed_weight_push_is_one_line_with_what_to_do(tmp_path):
     # A refused distributed push became a WeightPushError (so the restorer handles it); without
     # --use-fault-tolerance it must still end the run in one line, as the EngineError it was did.

@@ -151,10 +151,36 @@ async def test_a_frozen_engine_fails_the_request_at_its_first_probe_naming_the_e
     )
     assert [r.getMessage() for r in caplog.records] == [
         f"/generate on engine {url} (rid r1) still running after 0 s (deadline 30 s, "
-        "--sglang-router-request-timeout-secs)"
+        "--sglang-router-request-timeout-secs) (1 request(s) in flight on it)"
     ]
     thaw.set()
     await client.aclose()
+
+
+async def test_the_slow_requests_of_one_engine_share_one_probe(http_server, caplog):
+    """Issue 27: a frozen engine with 256 requests in flight got 256 /health_generate probes at once (one per slow
+    request, each a generation of its own on a live but slow engine); the requests slow together share one probe."""
+    thaw, probes = asyncio.Event(), []
+
+    async def handler(request):
+        if request.path == "/health_generate":
+            probes.append(time.monotonic())
+            await asyncio.sleep(0.2)  # answered: the engine is alive, only slow
+            return web.Response()
+        await thaw.wait()
+        return web.json_response({"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "stop"}}})
+
+    url = await http_server(handler)
+    client = RolloutClient([url], generate_timeout=30.0, slow_warning_s=0.5, probe_timeout_s=2.0)
+    calls = [asyncio.ensure_future(client.generate({"input_ids": [1, 2], "sampling_params": {}})) for _ in range(16)]
+    await asyncio.sleep(0.9)  # past the first warning of every request, with its probe answered
+    thaw.set()
+    await asyncio.gather(*calls)
+    await client.aclose()
+    assert len(probes) == 1, probes
+    # And one warning line for them, not 16: it counts the requests on the engine.
+    slow = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert len(slow) == 1 and slow[0].endswith("(16 request(s) in flight on it)"), slow
 
 
 async def test_an_engine_that_answers_health_but_not_the_request_fails_at_the_deadline(http_server, caplog):

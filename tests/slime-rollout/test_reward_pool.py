@@ -390,3 +390,46 @@ async def test_a_call_cancelled_while_the_pool_starts_leaves_the_pool_usable(slo
     assert pool._startup.cancel() is False  # nobody else can cancel it either
     assert await asyncio.wait_for(pool.run_in_pool(abs, -5, num_workers=NUM_WORKERS), 60) == 5
     assert pool.pool_generation() == generation + 1  # the same pool, never retired or restarted
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, never reaped where pid 1 does not reap, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+_OWNER = """
+import asyncio, os, sys, time
+from slime_rollout.rewards import pool
+pool._warm_up_worker = os.getpid  # no sympy imports: only the pool's life matters here
+async def main():
+    return {await pool.run_in_pool(os.getpid, num_workers=2) for _ in range(6)}
+print(" ".join(map(str, asyncio.run(main()))), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_workers_die_with_the_process_that_owns_the_pool():
+    # Issue 27: SIGKILL of the process owning the pool (the rollout manager) left its grading workers running as
+    # orphans (ppid 1): a worker waits on its call queue, whose write end it holds itself, so it never saw EOF.
+    import subprocess
+    import sys
+
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in owner.stdout.readline().split()]
+        assert workers and all(_alive(pid) for pid in workers), workers
+    finally:
+        owner.kill()
+        owner.wait()
+    deadline = time.monotonic() + 15  # the check runs every second
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if _alive(pid)]
+    for pid in left:  # never leave them behind, whatever the verdict
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"grading workers {left} outlived the pool's owner"

@@ -181,7 +181,9 @@ def engine_failure(error: BaseException, cfg: SlimeArgs) -> str | None:
     cause = root_cause(error)
     if not isinstance(cause, EngineError | WeightPushError):  # a push's failure crosses Ray without its cause
         return None
-    advice = [] if cfg.use_fault_tolerance else ["--use-fault-tolerance restarts an engine that dies"]
+    # Not twice: a frozen engine's error already says what --use-fault-tolerance would have done.
+    advised = cfg.use_fault_tolerance or "--use-fault-tolerance" in str(cause)
+    advice = [] if advised else ["--use-fault-tolerance restarts an engine that dies"]
     if cfg.save:
         advice.append(f"resume from the last checkpoint with --load {cfg.save}")
     return f"{cause}" + (f" ({'; '.join(advice)})" if advice else "")

@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 from slime_app.demo import DEMO_HPARAMS, EVAL_DATA, MODEL_DIR, TRAIN_DATA
+from slime_rollout.engines.process import start_engine_process
 
 TEACHER_SFT_STEPS = 450
 ENGINE_START_TIMEOUT_S = 600
@@ -44,33 +42,25 @@ def build_teacher(out: Path) -> Path:
 def teacher_engine(model: Path, log: Path) -> Iterator[str]:
     """A reference engine serving `model` on a free local port; yields its base URL, stops it at exit.
 
+    Started as the run's own engines are (`slime_rollout.engines.process`): in a session of its own, killed with its
+    process group when SIGTERM does not end it (a frozen engine: a plain terminate-and-wait raised after 60 s and
+    left it stopped, an orphan), and with this process if it dies.
+
     Raises:
-        RuntimeError: the engine exits or is not healthy within `ENGINE_START_TIMEOUT_S`.
+        RuntimeError: the engine exits before it is healthy (the message has its log's tail).
+        TimeoutError: it is not healthy within `ENGINE_START_TIMEOUT_S`.
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "slime_rollout.engines.reference", "--model-path", str(model), "--port", str(port)]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the teacher engine exited ({proc.returncode}); see {log}")
-                try:
-                    with urllib.request.urlopen(f"{url}/health", timeout=5):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"the teacher engine is not up after {ENGINE_START_TIMEOUT_S} s") from None
-                    time.sleep(1)
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+    log.unlink(missing_ok=True)  # the engine's log appends: one file per start
+    engine = start_engine_process(cmd, url=f"http://127.0.0.1:{port}", log_path=log)
+    try:
+        engine.wait_healthy(ENGINE_START_TIMEOUT_S, endpoint="/health")
+        yield engine.url
+    finally:
+        engine.shutdown()
 
 
 def opd_argv(output_dir: Path, teacher_flags: list[str], num_rollout: int) -> list[str]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -67,6 +68,7 @@ class EngineSlot:
         outstanding: generation requests in flight on it.
         calls: the in-flight `/generate` calls (tasks), cancelled by `EnginePool.mark_failed`.
         reason: why it last failed.
+        probing: the frozen-engine probe (`/health_generate`) running for its slow requests, shared by them.
     """
 
     index: int
@@ -75,11 +77,27 @@ class EngineSlot:
     outstanding: int = 0
     calls: dict[asyncio.Task, float] = dataclasses.field(default_factory=dict)  # call -> start (monotonic s)
     reason: str = ""
+    probing: asyncio.Task | None = dataclasses.field(default=None, repr=False)
+    warned_at: float = dataclasses.field(default=-float("inf"), repr=False)  # its last slow-request warning
+    unwarned: int = dataclasses.field(default=0, repr=False)  # slow-request warnings folded into the next one
 
     @property
     def url(self) -> str:
         """The engine's base URL."""
         return self.client.url
+
+    async def shared_probe(self, timeout_s: float) -> bool:
+        """Whether `/health_generate` answered 200 within `timeout_s`: one probe at a time, awaited by every caller.
+
+        The requests of a frozen (or slow) engine reach their warning together: a probe each was hundreds of
+        generations sent at once into an engine already behind. Shielded: a caller cancelled (its request done or
+        failed over) leaves the probe to the others.
+        """
+        probe = self.probing
+        # A new one when none runs, or the running one is of another loop (a rollout's loop ended with it pending).
+        if probe is None or probe.done() or probe.get_loop() is not asyncio.get_running_loop():
+            probe = self.probing = asyncio.ensure_future(self.client.health_generate(timeout=timeout_s))
+        return await asyncio.shield(probe)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -309,6 +327,19 @@ class EnginePool:
             slot.calls.pop(call, None)
             slot.outstanding -= 1
 
+    def _warn_slow(self, slot: EngineSlot, message: str) -> None:
+        """Logs a slow request of `slot`, at most one line per half warning interval per engine, with a count.
+
+        The requests of a stalled engine reach their warning together: one line each was hundreds of lines at once.
+        """
+        now = time.monotonic()
+        if now - slot.warned_at < self.slow_warning_s / 2:
+            slot.unwarned += 1
+            return
+        more = f"; {slot.unwarned} more such warning(s) on this engine since the last" if slot.unwarned else ""
+        slot.warned_at, slot.unwarned = now, 0
+        logger.warning("%s (%d request(s) in flight on it%s)", message, slot.outstanding, more)
+
     async def _bounded(self, slot: EngineSlot, call: asyncio.Future, payload: dict[str, Any]) -> Any:
         """Awaits `call` with warnings, a frozen-engine probe (without failover) and the request deadline.
 
@@ -322,7 +353,7 @@ class EnginePool:
             moves = self.weight_moves
             if self.weights_moving:
                 return  # a paused engine holds the request and the probe alike
-            healthy = await slot.client.health_generate(timeout=self.probe_timeout_s)
+            healthy = await slot.shared_probe(self.probe_timeout_s)
             if not healthy and not self.judged_during_push(moves):
                 raise EngineError(
                     slot.url,
@@ -341,6 +372,7 @@ class EnginePool:
                 flag="--sglang-router-request-timeout-secs",
                 warn_every_s=self.slow_warning_s,
                 on_slow=None if self.failover else probe,  # with failover the health monitor judges engines
+                warn=functools.partial(self._warn_slow, slot),
             )
         except DeadlineExceeded as exc:
             raise EngineError(slot.url, "/generate", str(exc), unreachable=True) from None

@@ -26,6 +26,9 @@ Queueing: at most `num_workers` calls per event loop are submitted at a time (an
 the deadline measures grading, not waiting behind other calls.
 Several event loops sharing the pool may still queue behind each other.
 
+Owner death: each worker kills itself within `PARENT_CHECK_S` of the death of the process that owns the pool (a
+rollout manager killed mid-rollout), rather than living on as an orphan.
+
 As with every spawn-based pool, the main module of the program must be import-safe
 (`if __name__ == "__main__":`).
 """
@@ -38,6 +41,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 import time
 import weakref
@@ -92,8 +96,29 @@ def _warm_up_worker() -> None:
     prepare_worker()
 
 
-def _start_worker(ready: Any, warm_up: Callable[[], None]) -> None:
-    """A worker's initializer: warm up, then report in on `ready` (the parent waits for every worker)."""
+# How often a worker checks that the process owning its pool is still alive.
+PARENT_CHECK_S = 1.0
+
+
+def _exit_with_parent(parent_pid: int, period_s: float) -> None:
+    """Kills this worker once `parent_pid` is no longer its parent (the pool's owner died; runs on a thread).
+
+    Why: a worker waits on its call queue, whose write end it holds itself, so the owner's death (a rollout manager
+    killed with SIGKILL, or by Ray) never ends that wait: the workers lived on as orphans (ppid 1), holding their
+    memory. `PR_SET_PDEATHSIG` does not fit: it fires when the *thread* that spawned the worker ends, and workers are
+    spawned from short-lived threads (the start-up watcher). A worker stuck in C code that holds the GIL is only
+    killed once that code returns (a double fault: the owner's deadline kills a stuck worker while it lives).
+    """
+    while os.getppid() == parent_pid:
+        time.sleep(period_s)
+    os.kill(os.getpid(), signal.SIGKILL)  # no exit handlers: they would wait on queues whose other end is gone
+
+
+def _start_worker(ready: Any, warm_up: Callable[[], None], parent_pid: int) -> None:
+    """A worker's initializer: follow the pool owner `parent_pid` out, warm up, then report in on `ready`."""
+    threading.Thread(
+        target=_exit_with_parent, args=(parent_pid, PARENT_CHECK_S), name="exit-with-parent", daemon=True
+    ).start()
     warm_up()
     ready.put(os.getpid())
 
@@ -162,7 +187,7 @@ def _acquire(num_workers: int) -> tuple[concurrent.futures.ProcessPoolExecutor, 
                 max_workers=num_workers,
                 mp_context=context,
                 initializer=_start_worker,
-                initargs=(ready, _warm_up_worker),
+                initargs=(ready, _warm_up_worker, os.getpid()),
             )
             _pool_workers = num_workers
             _generation += 1

@@ -89,6 +89,7 @@ async def await_with_deadline[T](
     flag: str,
     warn_every_s: float,
     on_slow: Callable[[float], Awaitable[None]] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> T:
     """Awaits `aw`, warning while it runs and cancelling it at the deadline.
 
@@ -99,6 +100,8 @@ async def await_with_deadline[T](
         flag: the flag that sets the deadline, named in messages.
         warn_every_s: seconds between "still running" warnings (> 0).
         on_slow: `await on_slow(elapsed_s)` at each warning; what it raises cancels the work and propagates.
+        warn: `warn(message)` logs each "still running" warning instead of this module's logger (a caller with many
+            such calls at once folds them into one line).
 
     Returns:
         What `aw` returns.
@@ -122,7 +125,11 @@ async def await_with_deadline[T](
             elapsed = time.monotonic() - start
             if deadline_s is not None and elapsed >= deadline_s:
                 raise DeadlineExceeded(f"{what} did not finish within {deadline_s:g} s ({flag}); cancelled")
-            logger.warning("%s still running after %.0f s (deadline %s, %s)", what, elapsed, _shown(deadline_s), flag)
+            message = f"{what} still running after {elapsed:.0f} s (deadline {_shown(deadline_s)}, {flag})"
+            if warn is None:
+                logger.warning("%s", message)
+            else:
+                warn(message)
             if on_slow is not None:
                 await on_slow(elapsed)
     finally:
