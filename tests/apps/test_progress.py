@@ -249,6 +249,7 @@ def test_the_first_step_on_gpus_is_named_compile_only_where_layers_compile(monke
     (["--no-megatron-compile-layers"], "train"),
     (["--megatron-compile-layers"], "compile+train"),  # slime_train_megatron.trainer_parts compiles every layer
     (["--megatron-compile-layers", "--no-megatron-compile-layers"], "train"),  # the last one given wins
+    (["--attention-backend", "local"], "train"),  # the dense-mask attention stays eager by default
 ])  # fmt: skip
 def test_the_first_megatron_step_is_named_compile_with_megatron_compile_layers(
     monkeypatch, caplog, megatron_args, first

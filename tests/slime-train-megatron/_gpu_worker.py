@@ -62,8 +62,14 @@ def main() -> None:
     from slime_core.config import SlimeArgs
 
     # attn_<backend>: train with `--attention-backend <backend>` (auto: slime's packed varlen, local: dense mask).
-    attention = ["--attention-backend", scenario.split("_", 1)[1]] if scenario.startswith("attn_") else []
-    speed = SPEED_FLAGS if scenario == "speed_all" else []
+    # Eager layers for both: the attention is what is compared (compiled layers are the speed test's).
+    attention = (
+        ["--attention-backend", scenario.split("_", 1)[1], "--no-megatron-compile-layers"]
+        if scenario.startswith("attn_")
+        else []
+    )
+    # speed_base turns off what is on by default on CUDA (compiled layers, the fused head).
+    speed = {"speed_all": SPEED_FLAGS, "speed_base": ["--no-megatron-compile-layers"]}.get(scenario, [])
     from slime_train_megatron.backend import MegatronTrainBackend
 
     args = SlimeArgs.from_dict(
@@ -73,7 +79,7 @@ def main() -> None:
             train_backend="megatron",
             hf_checkpoint=hf_dir,
             megatron_args=[*("--tensor-model-parallel-size", str(tp), "--bf16", "--lr", "1e-5"), *attention, *speed],
-            log_probs_head="fused" if speed else None,
+            log_probs_head={"speed_all": "fused", "speed_base": "logits"}.get(scenario),
             advantage_estimator="grpo",
             rollout_temperature=0.8,
             kl_coef=0.0,

@@ -72,12 +72,16 @@ def test_the_optimizer_speed_switches_are_on_by_default_and_their_no_forms_reach
     (["--no-megatron-compile-layers"], True, False, False, False),
     (["--megatron-compile-layers"], False, True, True, True),  # asked for: compiled wherever it runs
     (["--megatron-compile-layers", "--no-megatron-compile-layers"], True, False, False, False),  # the last wins
+    (["--attention-backend", "local"], True, False, False, False),  # the dense-mask attention
+    (["--attention-backend", "flash"], True, False, False, True),
+    (["--attention-backend", "local", "--megatron-compile-layers"], True, False, False, True),
 ])  # fmt: skip
 def test_layers_compile_by_default_only_where_it_was_measured_to_pay(tokens, cuda, te, moe, compiled):
-    from slime_train_megatron.settings import compiles_layers
+    from slime_train_megatron.settings import attention_kind, compiles_layers
 
     s = MegatronSettings.from_config(_CONFIG.model_copy(update={"megatron_args": tokens}))
-    assert compiles_layers(s, cuda=cuda, transformer_engine=te, moe=moe) is compiled
+    dense = s.attention_backend == "local" and attention_kind(s, transformer_engine=False) == "dense"
+    assert compiles_layers(s, cuda=cuda, transformer_engine=te, moe=moe, dense_attention=dense) is compiled
 
 
 def test_the_original_scripts_megatron_flags_reach_the_settings():

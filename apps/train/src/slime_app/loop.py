@@ -167,8 +167,9 @@ class Run:
 
         FSDP: `--fsdp-compile-layers`, unset meaning `_compiles_by_default` (`slime_train_fsdp.model_loading`);
         Megatron: `--megatron-compile-layers` / `--no-...` (the last one given), unset meaning on with CUDA at
-        TP = CP = 1 (`slime_train_megatron.settings.compiles_layers`, whose Transformer Engine and MoE exceptions
-        only the workers can judge: such a first step is still named "compile+train").
+        TP = CP = 1 without `--attention-backend local` (`slime_train_megatron.settings.compiles_layers`, whose
+        Transformer Engine and MoE exceptions only the workers can judge: such a first step is still named
+        "compile+train").
         """
         cfg = self.cfg
         spec = train_backend_spec(cfg)
@@ -180,7 +181,12 @@ class Run:
             if given:
                 on = given[-1]
             else:
-                on = self._uses_cuda and cfg.tensor_model_parallel_size == 1 and cfg.context_parallel_size == 1
+                on = (
+                    self._uses_cuda
+                    and cfg.tensor_model_parallel_size == 1
+                    and cfg.context_parallel_size == 1
+                    and cfg.megatron_flag("--attention-backend") != "local"
+                )
             return "--megatron-compile-layers" if on else None
         on = cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._compiles_by_default
         return "--fsdp-compile-layers" if on else None

@@ -275,11 +275,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def compiles_layers(settings: MegatronSettings, *, cuda: bool, transformer_engine: bool, moe: bool) -> bool:
+def compiles_layers(
+    settings: MegatronSettings, *, cuda: bool, transformer_engine: bool, moe: bool, dense_attention: bool = False
+) -> bool:
     """Whether the decoder layers are compiled: `--megatron-compile-layers`, or when unset the measured default.
 
     Unset, they compile where it was measured to pay and to keep megatron-core's numbers: CUDA, the local spec
-    (Transformer Engine's layers are fused already), a dense model, TP = CP = 1 (no collective inside a layer).
+    (Transformer Engine's layers are fused already), the packed attention (`--attention-backend auto`/`flash`; not
+    megatron-core's `DotProductAttention` over a `[T, T]` mask, `local`: its compiled first step ran past 120 s in a
+    tiny model's GPU test), a dense model, TP = CP = 1 (no collective inside a layer).
     Measured (benchmarks/RESULTS.md, `train_megatron_1.7b_ab`): qwen3-1.7b at 8 × 1024 tokens on one H100, 0.670 ->
     0.540 s per train() (40.2 -> 49.9 % MFU) after a 27 s first step; on CPU compilation costs minutes.
 
@@ -288,6 +292,7 @@ def compiles_layers(settings: MegatronSettings, *, cuda: bool, transformer_engin
         cuda: whether the layers run on a GPU.
         transformer_engine: whether the TE layer spec is used (`model.use_transformer_engine`).
         moe: whether the model has experts.
+        dense_attention: whether the core attention is the dense-mask one (`attention_kind` "dense").
     """
     if settings.megatron_compile_layers is not None:
         return settings.megatron_compile_layers
@@ -295,6 +300,7 @@ def compiles_layers(settings: MegatronSettings, *, cuda: bool, transformer_engin
         cuda
         and not transformer_engine
         and not moe
+        and not dense_attention
         and settings.tensor_model_parallel_size == 1
         and settings.context_parallel_size == 1
     )

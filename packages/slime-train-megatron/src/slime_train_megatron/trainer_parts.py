@@ -99,7 +99,11 @@ def build_parallel_model(
     explicit = s.megatron_compile_layers is not None
     # Resolved once here; the pipeline reads it (RoPE's boundaries as the compiled layers want them).
     s.megatron_compile_layers = compiles_layers(
-        s, cuda=cuda, transformer_engine=use_transformer_engine(s), moe=bool(model_args.num_experts)
+        s,
+        cuda=cuda,
+        transformer_engine=use_transformer_engine(s),
+        moe=bool(model_args.num_experts),
+        dense_attention=attention == "dense",
     )
     if s.megatron_compile_layers:
         compile_decoder_layers(module)
