@@ -9,6 +9,7 @@ from slime_app.checkpoint_kinds import checkpoint_kind
 from slime_app.checkpoints import check_checkpoints
 from slime_app.fp8_rollout import check_fp8_rollout
 from slime_app.ray_start import ray_address
+from slime_app.resume_point import check_data_cursor
 from slime_core.config import SlimeArgs
 from slime_core.config.base import field_to_flag
 from slime_core.extensions import ROLLOUT_ENGINES, TRAIN_BACKENDS, engine_spec, run_preflight_hooks, train_backend_spec
@@ -539,7 +540,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         ValueError: a data file is malformed (message names the flag, file and line/row; with `--multimodal-keys` also a
             missing, unreadable or surplus image), an architecture flag contradicts config.json, an HF OPD teacher
             of another architecture, a `--sglang-*`/`--router-*` flag the installed SGLang/router does not have, a
-            checkpoint the backend cannot read, or hardware this run cannot use.
+            checkpoint the backend cannot read, a damaged data cursor of the rollout `--load` resumes at, or hardware
+            this run cannot use.
         slime_core.plugins.PluginError: a plugin path does not resolve (message names the flag).
     """
     if hardware and not ray_address(cfg):
@@ -567,6 +569,7 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     notes += _run_owned_checks(cfg)
     notes += _check_architecture(cfg) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
+    notes += check_data_cursor(cfg)  # the loop restores it only after the engines and the model load
     if cfg.hf_checkpoint:  # last: a config-only folder is enough for every check above, and their errors say more
         _check_hf_weights(cfg)
     return notes
