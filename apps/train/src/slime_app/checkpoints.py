@@ -279,6 +279,40 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
         raise ValueError(str(e).replace("--load:", f"--load {root}:", 1)) from None
 
 
+def _check_critic_schedule(cfg: SlimeArgs) -> None:
+    """The PPO critic's FSDP checkpoint must continue under this run's `--critic-lr` schedule, as the actor's.
+
+    The critic's trainer refused another `--critic-lr` (naming `--lr`) when it loaded, after Ray, the engines and the
+    actor's model load. The critic loads the actor's iteration (`slime_app.actor_critic.critic_resume_step`).
+
+    Raises:
+        ValueError: the schedule or AdamW flags differ (names the critic's folder and the critic's flags), or the
+            critic's folder lacks the actor's iteration.
+    """
+    if not cfg.use_critic or cfg.no_load_optim or train_backend_spec(cfg).checkpoint_format != "fsdp":
+        return
+    from slime_core.critic import critic_config
+
+    critic = critic_config(cfg)
+    if not critic.load or not os.path.isdir(critic.load):
+        return
+    from slime_app.actor_critic import critic_resume_step  # imports Ray: only when a critic checkpoint is there
+    from slime_app.train_actor import pin_load_step
+
+    step = critic_resume_step(pin_load_step(cfg))
+    root = pathlib.Path(critic.load)
+    try:
+        _check_fsdp_schedule(critic if step is None else critic.model_copy(update={"ckpt_step": step}), root)
+    except ValueError as e:
+        named = f"--critic-load {root}:" if cfg.critic_load else f"--load {cfg.load} (the critic's {root}):"
+        message = str(e).replace(f"--load {root}:", named, 1)
+        if cfg.critic_lr is not None:
+            message = message.replace("--lr ", "--critic-lr ")
+        if cfg.critic_lr_warmup_iters is not None:
+            message = message.replace("--lr-warmup-iters (or --lr-warmup-fraction)", "--critic-lr-warmup-iters")
+        raise ValueError(message) from None
+
+
 def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
     kind = checkpoint_kind(cfg.ref_load)
     if kind in ("missing", "empty"):
@@ -328,6 +362,8 @@ def check_checkpoints(cfg: SlimeArgs) -> list[str]:
         _warn_unread_load(cfg)
     elif cfg.load:
         _check_load(cfg, notes)
+    if not cfg.debug_rollout_only:
+        _check_critic_schedule(cfg)
     if cfg.ref_load:
         _check_ref_load(cfg, notes)
     mismatches, compared = _architecture_check(cfg)
