@@ -16,6 +16,7 @@ import os
 import pathlib
 
 from slime_app.checkpoint_kinds import RECOGNIZED_KINDS, checkpoint_kind, iteration_dir, with_article
+from slime_app.dcp_shards import check_shards, checkpoint_state_dirs
 from slime_app.fp8_rollout import serving_fp8
 from slime_app.run_lock import unless_in_use
 from slime_core.checkpoint_dirs import (
@@ -162,6 +163,9 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
             f"--load {cfg.load}: {with_article(kind)}; --train-backend {cfg.train_backend} resumes its own {wanted} "
             f"checkpoints ({hint})"
         )
+    folders = checkpoint_state_dirs(root, kind, cfg.ckpt_step)  # metadata and file sizes only, no tensor read
+    step_name = (folders[0].name if kind == "torch_dist" else folders[0].parent.name) if folders else None
+    check_shards("--load", root, folders, _recovery_hint(root, exclude=step_name))
     if kind == "fsdp":
         _check_fsdp_model_flags(cfg, root)
     if kind == "fsdp" and not cfg.no_load_optim:
