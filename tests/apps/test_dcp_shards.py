@@ -57,3 +57,15 @@ def test_a_missing_shard_is_named(save):
     shard.unlink()
     with pytest.raises(ValueError, match=rf"iter_0000002/model_and_optim was damaged .*: {shard.name} is missing;"):
         check_checkpoints(_cfg(save))
+
+
+def test_a_truncated_torch_dist_ref_load_is_named(tmp_path):
+    ref = tmp_path / "ref"
+    dcp.save({"w": torch.arange(1000, dtype=torch.float32)}, checkpoint_id=str(ref / "iter_0000003"), no_dist=True)
+    (ref / "latest_checkpointed_iteration.txt").write_text("3")
+    (shard,) = (ref / "iter_0000003").glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:10])
+    cfg = parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--train-backend", "fsdp", "--ref-load",
+                      str(ref), "--use-kl-loss", "--kl-coef", "0.1"])  # fmt: skip
+    with pytest.raises(ValueError, match=rf"^--ref-load {ref}: iter_0000003 was damaged .*: {shard.name} holds 10 of"):
+        check_checkpoints(cfg)

@@ -321,6 +321,9 @@ def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
     kind = checkpoint_kind(cfg.ref_load)
     if kind in ("missing", "empty"):
         raise FileNotFoundError(f"--ref-load {cfg.ref_load}: no checkpoint there ({kind})")
+    if kind == "torch_dist":  # read by Megatron, or converted for FSDP: either way every shard (metadata only)
+        root = pathlib.Path(cfg.ref_load)
+        check_shards("--ref-load", root, checkpoint_state_dirs(root, kind, None), "give a complete copy of it")
     same_as_hf = cfg.hf_checkpoint and os.path.realpath(cfg.ref_load) == os.path.realpath(cfg.hf_checkpoint)
     fp8 = serving_fp8(cfg) is not None  # FP8 serving: --ref-load holds the trainer's BF16 start weights
     if train_backend_spec(cfg).reads_torch_dist:
