@@ -69,3 +69,12 @@ def test_a_truncated_torch_dist_ref_load_is_named(tmp_path):
                       str(ref), "--use-kl-loss", "--kl-coef", "0.1"])  # fmt: skip
     with pytest.raises(ValueError, match=rf"^--ref-load {ref}: iter_0000003 was damaged .*: {shard.name} holds 10 of"):
         check_checkpoints(cfg)
+
+
+def test_a_damaged_meta_json_is_named_before_ray_starts(save):
+    # Issue 27: the preflight skipped it ("the trainer's load names it"), which it did after the engines started.
+    (save / "iter_0000002" / "meta.json").write_text('{"rollout_id": 1, "next_rol')
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(_cfg(save))
+    assert str(e.value).startswith(f"--load {save}: iter_0000002/meta.json cannot be read (JSONDecodeError: ")
+    assert str(e.value).endswith("complete checkpoints there: iterations 1; resume from one with --ckpt-step 1")

@@ -232,11 +232,17 @@ def _check_fsdp_model_flags(cfg: SlimeArgs, root: pathlib.Path) -> None:
     meta = step_dir / "meta.json" if step_dir is not None else None
     if meta is None or not meta.is_file():
         return
-    try:
+    try:  # the trainer's load refuses it too, but after Ray, the engines and the model build
         saved = json.loads(meta.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return  # the trainer's load names a damaged checkpoint
-    differ = model_flag_mismatches(saved if isinstance(saved, dict) else {}, model_flags_of(cfg))
+        if not isinstance(saved, dict):
+            raise ValueError(f"it holds {type(saved).__name__}, not an object")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(
+            f"--load {root}: {step_dir.name}/meta.json cannot be read ({type(e).__name__}: {first_sentence(e)}); it "
+            "was damaged after it was written (a partial copy, a crash before it reached the disk); "
+            f"{_recovery_hint(root, exclude=step_dir.name)}"
+        ) from None
+    differ = model_flag_mismatches(saved, model_flags_of(cfg))
     if differ:
         raise ValueError(
             f"--load {root}: {step_dir.name} was saved by a run whose model had other parameters "
