@@ -413,6 +413,28 @@ def _check_json_files(folder: str) -> None:
             raise ValueError(f"--hf-checkpoint: {e}") from None
 
 
+def _check_model_type(folder: str) -> None:
+    """config.json's `model_type` must be one transformers builds or bring its code (an unknown one failed in Ray).
+
+    Raises:
+        ValueError: naming the flag, the folder, the model type and the transformers version.
+    """
+    import json
+
+    import transformers
+
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(config, dict) or config.get("auto_map") or model_type in transformers.CONFIG_MAPPING:
+        return
+    raise ValueError(
+        f"--hf-checkpoint {folder}: config.json's model_type {model_type!r} is not one transformers "
+        f"{transformers.__version__} knows, and config.json names no code of its own (auto_map); the engines and the "
+        "trainer build the model from it: give a model of a supported type"
+    )
+
+
 def _weight_readers(cfg: SlimeArgs) -> dict[str, str]:
     """Who reads `--hf-checkpoint`'s weights in this run, `"engines"` and/or `"trainer"`, with how (for messages)."""
     from slime_core.fp8 import trainer_weights_dir
@@ -562,6 +584,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
     if cfg.hf_checkpoint:
         _check_json_files(cfg.hf_checkpoint)
+        if _weight_readers(cfg):  # only those who build the model need its type
+            _check_model_type(cfg.hf_checkpoint)
     _check_opd_teacher(cfg)
     notes = sink_notes + check_fp8_rollout(cfg)
     # The packages' and entries' own checks (data, engine flags, Megatron's model type): architecture flag
