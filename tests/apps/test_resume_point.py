@@ -88,3 +88,31 @@ def test_the_cli_refuses_a_damaged_cursor_before_ray_starts(save, tmp_path, cli_
     assert last.startswith(f"slime: error: --load {save}: the run resumes at rollout 2, whose data cursor cannot be "
                            f"restored: {cursor}: bad data-source cursor (")  # fmt: skip
     assert "Traceback" not in out.stderr
+
+
+def test_replayed_rollouts_need_their_dumps(save, tmp_path):
+    from slime_app.resume_point import check_replay_dumps
+
+    template = str(tmp_path / "dumps" / "rollout_{rollout_id}.pt")
+    (tmp_path / "dumps").mkdir()
+    for rollout_id in (2, 3):
+        (tmp_path / "dumps" / f"rollout_{rollout_id}.pt").write_bytes(b"x")
+    replay = ["--load-debug-rollout-data", template]
+    # Resumed at rollout 2 (iter_0000002): rollouts 2 and 3 are replayed, both there.
+    assert check_replay_dumps(_cfg(save, *replay)) == ["--load-debug-rollout-data: dumps of rollouts 2..3 are there"]
+    fresh = parse_args(["--rollout-batch-size", "1", "--num-rollout", "4", "--train-backend", "fsdp", *replay])
+    with pytest.raises(FileNotFoundError) as e:
+        check_replay_dumps(fresh)
+    assert str(e.value) == (
+        f"--load-debug-rollout-data {template}: no dump for 2 of the 4 rollouts this run replays (0..3): rollout 0, 1 "
+        f"(first missing: {tmp_path / 'dumps' / 'rollout_0.pt'}); lower --num-rollout or dump those rollouts"
+    )
+
+
+def test_the_cli_refuses_missing_replay_dumps_before_ray_starts(tmp_path, cli_without_ray):
+    from slime_app.demo import default_demo_argv
+
+    template = str(tmp_path / "nope_{rollout_id}.pt")
+    out = cli_without_ray([*default_demo_argv(tmp_path / "run"), "--load-debug-rollout-data", template])
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.splitlines()[-1].startswith(f"slime: error: --load-debug-rollout-data {template}: no dump for ")

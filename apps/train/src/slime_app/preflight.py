@@ -9,7 +9,7 @@ from slime_app.checkpoint_kinds import checkpoint_kind
 from slime_app.checkpoints import check_checkpoints
 from slime_app.fp8_rollout import check_fp8_rollout
 from slime_app.ray_start import ray_address
-from slime_app.resume_point import check_data_cursor
+from slime_app.resume_point import check_data_cursor, check_replay_dumps
 from slime_core.config import SlimeArgs
 from slime_core.config.base import field_to_flag
 from slime_core.extensions import ROLLOUT_ENGINES, TRAIN_BACKENDS, engine_spec, run_preflight_hooks, train_backend_spec
@@ -594,6 +594,7 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     notes += _check_architecture(cfg) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
     notes += check_data_cursor(cfg)  # the loop restores it only after the engines and the model load
+    notes += check_replay_dumps(cfg)
     if cfg.hf_checkpoint:  # last: a config-only folder is enough for every check above, and their errors say more
         _check_hf_weights(cfg)
     return notes

@@ -13,7 +13,7 @@ from slime_app.checkpoint_kinds import checkpoint_kind
 from slime_core.checkpoint_dirs import iteration_name, iteration_of, save_root, tracker_step
 from slime_core.config import SlimeArgs
 
-__all__ = ["check_data_cursor", "start_rollout_id"]
+__all__ = ["check_data_cursor", "check_replay_dumps", "start_rollout_id"]
 
 
 def _loaded_step(cfg: SlimeArgs) -> int | None:
@@ -90,3 +90,34 @@ def check_data_cursor(cfg: SlimeArgs) -> list[str]:
             "restore the file from a copy, or give --start-rollout-id to start the data from another saved cursor"
         ) from None
     return [f"--load {cfg.load}: data cursor {path} read, the prompts go on from rollout {start}"] if path else []
+
+
+def check_replay_dumps(cfg: SlimeArgs) -> list[str]:
+    """Every rollout this run replays from `--load-debug-rollout-data` must have its dump file (checked by name only).
+
+    The rollout manager opened each when its rollout came, after Ray and the trainer started (and, at a missing later
+    one, after hours of training).
+
+    Returns:
+        A note naming the dumps found, or none without the flag.
+
+    Raises:
+        FileNotFoundError: naming the flag, the missing rollout ids and the first missing file.
+    """
+    from slime_rollout.runtime.debug_dump import dump_path  # the rollout package's imports: only when replaying
+
+    if not cfg.load_debug_rollout_data or cfg.num_rollout <= 0:
+        return []
+    start = start_rollout_id(cfg)
+    if start is None:
+        return []
+    ids = range(start, cfg.num_rollout)
+    missing = [i for i in ids if not dump_path(cfg.load_debug_rollout_data, i).is_file()]
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        raise FileNotFoundError(
+            f"--load-debug-rollout-data {cfg.load_debug_rollout_data}: no dump for {len(missing)} of the {len(ids)} "
+            f"rollouts this run replays ({start}..{cfg.num_rollout - 1}): rollout {shown} (first missing: "
+            f"{dump_path(cfg.load_debug_rollout_data, missing[0])}); lower --num-rollout or dump those rollouts"
+        )
+    return [f"--load-debug-rollout-data: dumps of rollouts {start}..{cfg.num_rollout - 1} are there"]
