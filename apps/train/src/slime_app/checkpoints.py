@@ -16,6 +16,7 @@ import os
 import pathlib
 
 from slime_app.checkpoint_kinds import RECOGNIZED_KINDS, checkpoint_kind, iteration_dir, with_article
+from slime_app.dcp_shards import check_shards, checkpoint_state_dirs
 from slime_app.fp8_rollout import serving_fp8
 from slime_app.run_lock import unless_in_use
 from slime_core.checkpoint_dirs import (
@@ -162,6 +163,9 @@ def _check_load(cfg: SlimeArgs, notes: list[str]) -> None:
             f"--load {cfg.load}: {with_article(kind)}; --train-backend {cfg.train_backend} resumes its own {wanted} "
             f"checkpoints ({hint})"
         )
+    folders = checkpoint_state_dirs(root, kind, cfg.ckpt_step)  # metadata and file sizes only, no tensor read
+    step_name = (folders[0].name if kind == "torch_dist" else folders[0].parent.name) if folders else None
+    check_shards("--load", root, folders, _recovery_hint(root, exclude=step_name))
     if kind == "fsdp":
         _check_fsdp_model_flags(cfg, root)
     if kind == "fsdp" and not cfg.no_load_optim:
@@ -228,11 +232,17 @@ def _check_fsdp_model_flags(cfg: SlimeArgs, root: pathlib.Path) -> None:
     meta = step_dir / "meta.json" if step_dir is not None else None
     if meta is None or not meta.is_file():
         return
-    try:
+    try:  # the trainer's load refuses it too, but after Ray, the engines and the model build
         saved = json.loads(meta.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return  # the trainer's load names a damaged checkpoint
-    differ = model_flag_mismatches(saved if isinstance(saved, dict) else {}, model_flags_of(cfg))
+        if not isinstance(saved, dict):
+            raise ValueError(f"it holds {type(saved).__name__}, not an object")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(
+            f"--load {root}: {step_dir.name}/meta.json cannot be read ({type(e).__name__}: {first_sentence(e)}); it "
+            "was damaged after it was written (a partial copy, a crash before it reached the disk); "
+            f"{_recovery_hint(root, exclude=step_dir.name)}"
+        ) from None
+    differ = model_flag_mismatches(saved, model_flags_of(cfg))
     if differ:
         raise ValueError(
             f"--load {root}: {step_dir.name} was saved by a run whose model had other parameters "
@@ -279,10 +289,47 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
         raise ValueError(str(e).replace("--load:", f"--load {root}:", 1)) from None
 
 
+def _check_critic_schedule(cfg: SlimeArgs) -> None:
+    """The PPO critic's FSDP checkpoint must continue under this run's `--critic-lr` schedule, as the actor's.
+
+    The critic's trainer refused another `--critic-lr` (naming `--lr`) when it loaded, after Ray, the engines and the
+    actor's model load. The critic loads the actor's iteration (`slime_app.actor_critic.critic_resume_step`).
+
+    Raises:
+        ValueError: the schedule or AdamW flags differ (names the critic's folder and the critic's flags), or the
+            critic's folder lacks the actor's iteration.
+    """
+    if not cfg.use_critic or cfg.no_load_optim or train_backend_spec(cfg).checkpoint_format != "fsdp":
+        return
+    from slime_core.critic import critic_config
+
+    critic = critic_config(cfg)
+    if not critic.load or not os.path.isdir(critic.load):
+        return
+    from slime_app.actor_critic import critic_resume_step  # imports Ray: only when a critic checkpoint is there
+    from slime_app.train_actor import pin_load_step
+
+    step = critic_resume_step(pin_load_step(cfg))
+    root = pathlib.Path(critic.load)
+    try:
+        _check_fsdp_schedule(critic if step is None else critic.model_copy(update={"ckpt_step": step}), root)
+    except ValueError as e:
+        named = f"--critic-load {root}:" if cfg.critic_load else f"--load {cfg.load} (the critic's {root}):"
+        message = str(e).replace(f"--load {root}:", named, 1)
+        if cfg.critic_lr is not None:
+            message = message.replace("--lr ", "--critic-lr ")
+        if cfg.critic_lr_warmup_iters is not None:
+            message = message.replace("--lr-warmup-iters (or --lr-warmup-fraction)", "--critic-lr-warmup-iters")
+        raise ValueError(message) from None
+
+
 def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
     kind = checkpoint_kind(cfg.ref_load)
     if kind in ("missing", "empty"):
         raise FileNotFoundError(f"--ref-load {cfg.ref_load}: no checkpoint there ({kind})")
+    if kind == "torch_dist":  # read by Megatron, or converted for FSDP: either way every shard (metadata only)
+        root = pathlib.Path(cfg.ref_load)
+        check_shards("--ref-load", root, checkpoint_state_dirs(root, kind, None), "give a complete copy of it")
     same_as_hf = cfg.hf_checkpoint and os.path.realpath(cfg.ref_load) == os.path.realpath(cfg.hf_checkpoint)
     fp8 = serving_fp8(cfg) is not None  # FP8 serving: --ref-load holds the trainer's BF16 start weights
     if train_backend_spec(cfg).reads_torch_dist:
@@ -328,6 +375,8 @@ def check_checkpoints(cfg: SlimeArgs) -> list[str]:
         _warn_unread_load(cfg)
     elif cfg.load:
         _check_load(cfg, notes)
+    if not cfg.debug_rollout_only:
+        _check_critic_schedule(cfg)
     if cfg.ref_load:
         _check_ref_load(cfg, notes)
     mismatches, compared = _architecture_check(cfg)

@@ -72,6 +72,7 @@ def _main(argv: list[str]) -> int:
 
             print("\n".join(dry_run(cfg)))
             return 0
+        from slime_app.disk_space import check_free_space
         from slime_app.outputs import check_places, check_writable, foreign_iteration_warning, reused_save_warning
         from slime_app.preflight import preflight
         from slime_app.ray_start import ray_address
@@ -89,6 +90,7 @@ def _main(argv: list[str]) -> int:
         if not ray_address(cfg):
             # On a cluster the trainer ranks write from other hosts: this host's view of the paths says little.
             check_writable(cfg)
+            check_free_space(cfg)  # a save that cannot fit failed after the first rollout
             lock_run_folders(cfg)
         else:  # a save into the model folder the engines read is refused wherever the ranks run
             check_places(cfg, filesystems=False)

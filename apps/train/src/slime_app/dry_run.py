@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from slime_app.disk_space import check_free_space
 from slime_app.outputs import check_creatable, check_places
 from slime_app.preflight import hardware_refusal, preflight
 from slime_app.ray_start import ray_address
@@ -240,6 +241,7 @@ def dry_run(cfg: SlimeArgs) -> list[str]:
     checks = resolved + notes + _first_prompt(cfg, rows) + _prompt_filter(cfg, rows)
     if not ray_address(cfg):  # as the run: other hosts write on a cluster
         checks += check_creatable(cfg)
+        check_free_space(cfg)
     else:
         check_places(cfg, filesystems=False)
     report += ["", "checked:"] + [f"  {line}" for line in checks]

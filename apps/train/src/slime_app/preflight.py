@@ -9,6 +9,7 @@ from slime_app.checkpoint_kinds import checkpoint_kind
 from slime_app.checkpoints import check_checkpoints
 from slime_app.fp8_rollout import check_fp8_rollout
 from slime_app.ray_start import ray_address
+from slime_app.resume_point import check_data_cursor, check_replay_dumps
 from slime_core.config import SlimeArgs
 from slime_core.config.base import field_to_flag
 from slime_core.extensions import ROLLOUT_ENGINES, TRAIN_BACKENDS, engine_spec, run_preflight_hooks, train_backend_spec
@@ -426,6 +427,28 @@ def _check_json_files(folder: str) -> None:
             raise ValueError(f"--hf-checkpoint: {e}") from None
 
 
+def _check_model_type(folder: str) -> None:
+    """config.json's `model_type` must be one transformers builds or bring its code (an unknown one failed in Ray).
+
+    Raises:
+        ValueError: naming the flag, the folder, the model type and the transformers version.
+    """
+    import json
+
+    import transformers
+
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(config, dict) or config.get("auto_map") or model_type in transformers.CONFIG_MAPPING:
+        return
+    raise ValueError(
+        f"--hf-checkpoint {folder}: config.json's model_type {model_type!r} is not one transformers "
+        f"{transformers.__version__} knows, and config.json names no code of its own (auto_map); the engines and the "
+        "trainer build the model from it: give a model of a supported type"
+    )
+
+
 def _weight_readers(cfg: SlimeArgs) -> dict[str, str]:
     """Who reads `--hf-checkpoint`'s weights in this run, `"engines"` and/or `"trainer"`, with how (for messages)."""
     from slime_core.fp8 import trainer_weights_dir
@@ -553,7 +576,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         ValueError: a data file is malformed (message names the flag, file and line/row; with `--multimodal-keys` also a
             missing, unreadable or surplus image), an architecture flag contradicts config.json, an HF OPD teacher
             of another architecture, a `--sglang-*`/`--router-*` flag the installed SGLang/router does not have, a
-            checkpoint the backend cannot read, or hardware this run cannot use.
+            checkpoint the backend cannot read, a damaged data cursor of the rollout `--load` resumes at, or hardware
+            this run cannot use.
         slime_core.plugins.PluginError: a plugin path does not resolve (message names the flag).
     """
     if hardware and not ray_address(cfg):
@@ -574,6 +598,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
         raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
     if cfg.hf_checkpoint:
         _check_json_files(cfg.hf_checkpoint)
+        if _weight_readers(cfg):  # only those who build the model need its type
+            _check_model_type(cfg.hf_checkpoint)
     _check_opd_teacher(cfg)
     notes = sink_notes + check_fp8_rollout(cfg)
     # The packages' and entries' own checks (data, engine flags, Megatron's model type): architecture flag
@@ -581,6 +607,8 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     notes += _run_owned_checks(cfg)
     notes += _check_architecture(cfg) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
+    notes += check_data_cursor(cfg)  # the loop restores it only after the engines and the model load
+    notes += check_replay_dumps(cfg)
     if cfg.hf_checkpoint:  # last: a config-only folder is enough for every check above, and their errors say more
         _check_hf_weights(cfg)
     return notes

@@ -24,6 +24,7 @@ from slime_rollout.data.original_cursor import load_original
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "check_cursor",
     "cursor_path",
     "keep_groups_of_size",
     "read_cursor",
@@ -139,3 +140,40 @@ def keep_groups_of_size(groups: list[list[Sample]], size: int, where: str | os.P
             where, len(groups) - len(kept), len(groups), "/".join(map(str, other)), size,
         )  # fmt: skip
     return kept
+
+
+# The fields `slime_rollout.data.source.RolloutDataSource._set_state` restores, each read with int().
+_COUNTERS = ("epoch_id", "sample_offset", "sample_group_index", "sample_index")
+
+
+def check_cursor(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path | None:
+    """Reads the cursor saved under `root` for `rollout_id` and checks the fields the built-in data sources restore.
+
+    Cheap (one small file), so a damaged cursor is named before the engines start rather than when the rollout
+    manager restores it.
+
+    Returns:
+        The file checked, or None when there is none (the resumed run then starts its data afresh, with a warning).
+
+    Raises:
+        ValueError: the file is not JSON, not an object, lacks a counter or holds a bad one, or a buffered sample
+            does not decode (message names the file).
+    """
+    found = read_cursor(root, rollout_id)
+    if found is None:
+        return None
+    path, state = found
+    try:
+        if not isinstance(state, dict):
+            raise TypeError(f"not a JSON object but {type(state).__name__}")
+        for key in _COUNTERS:
+            if key not in state:
+                raise KeyError(f"no {key!r} field")
+            int(state[key])
+        dict(state.get("metadata", {}))
+        for group in state.get("buffer", []):
+            for sample in group:
+                Sample.from_dict(sample)
+    except (KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"{path}: bad data-source cursor ({e})") from e
+    return path

@@ -72,6 +72,7 @@ __all__ = [
     "check_chat_template_consistency",
     "checked_env_step",
     "end_of_turn",
+    "env_factory",
     "env_reward",
     "generate",
     "render_tool_observation",
@@ -96,11 +97,16 @@ def _as_dict(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _env_factory(name: str) -> Any:
+def env_factory(name: str) -> Any:
     """Env class/factory by name: a `slime.envs` entry point, else an import path `module:attr`.
 
     slime-envs and third-party packages declare their environments in the `slime.envs` entry-point group,
     so slime-rollout finds them without importing slime-envs.
+
+    Raises:
+        KeyError: an unknown name (lists the installed entry points).
+        slime_core.plugins.PluginError: an import path that does not resolve.
+        ImportError: an entry point whose module does not import.
     """
     import importlib.metadata
 
@@ -154,7 +160,7 @@ async def build_env(args: SlimeArgs, sample: Sample) -> Env:
         )
     kwargs = _as_dict(args.custom_config.get("env_kwargs"), "--custom-config-path key env_kwargs")
     kwargs.update(_as_dict(sample.metadata.get("env_kwargs"), f"sample {sample.index} metadata['env_kwargs']"))
-    factory = _env_factory(name)
+    factory = env_factory(name)
     bounds = plugin_bounds(args)
     # partial: the env's own options may use any name, `what` and `flag` included.
     make = functools.partial(factory, **kwargs)

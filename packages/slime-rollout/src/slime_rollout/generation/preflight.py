@@ -1,4 +1,4 @@
-"""Pre-launch checks of the rollout's flags: the dynamic filter, and partial rollout against the data source.
+"""Pre-launch checks of the rollout's flags: the dynamic filter, partial rollout against the data source, the env.
 
 Run by `slime_rollout.preflight.check` (so by `--dry-run` too): a combination that fails at the end of the first
 rollout is one line before anything starts.
@@ -15,7 +15,7 @@ from slime_rollout.plugins import load_function
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
-__all__ = ["partial_rollout_without_buffer", "zero_std_filter_on_single_samples"]
+__all__ = ["env_path_problems", "partial_rollout_without_buffer", "zero_std_filter_on_single_samples"]
 
 
 def partial_rollout_without_buffer(cfg: SlimeArgs) -> list[Problem]:
@@ -78,3 +78,25 @@ def zero_std_filter_on_single_samples(cfg: SlimeArgs) -> list[Problem]:
         f"--dynamic-sampling-filter-path {path} drops every group of --n-samples-per-prompt 1 (one reward has no "
         "spread), so no rollout could fill its batch: use --n-samples-per-prompt 2 or more, or another filter"
     ))]  # fmt: skip
+
+
+def env_path_problems(cfg: SlimeArgs) -> list[Problem]:
+    """`--env-path` must name an installed environment or an importable factory.
+
+    A multi-turn generate function looks it up for its first sample, after Ray, the engines and the trainer started;
+    an unknown name ended the run there. Without a `--custom-generate-function-path` the flag has no effect (a
+    warning says so when the config is read) and is not looked up.
+    """
+    if not cfg.env_path or not cfg.custom_generate_function_path:
+        return []
+    # Imported here: the generation stack costs about 1.3 s cold, and only runs with an env need it.
+    from slime_rollout.generation.multi_turn import env_factory
+
+    try:
+        env_factory(cfg.env_path)
+    except KeyError as e:
+        return [Problem(message=str(e.args[0]) if e.args else str(e))]
+    except ImportError as e:  # PluginError is one; the flag is named by the loader or here
+        message = str(e)
+        return [Problem(message=message if "--env-path" in message else f"--env-path {cfg.env_path}: {message}")]
+    return []

@@ -1,0 +1,36 @@
+"""An `--hf-checkpoint` whose model type transformers does not know, refused before Ray starts (issue 27)."""
+
+import json
+import shutil
+
+from slime_app.demo import default_demo_argv
+
+
+def _model(tmp_path, **fields):
+    model = tmp_path / "model"
+    shutil.copytree(default_demo_argv(tmp_path)[1], model)  # the demo's --hf-checkpoint
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, **fields}))
+    return model
+
+
+def _argv(tmp_path, model):
+    argv = default_demo_argv(tmp_path / "run")
+    argv[argv.index("--hf-checkpoint") + 1] = str(model)
+    return argv
+
+
+def test_an_unknown_model_type_is_refused_before_ray_starts(tmp_path, cli_without_ray):
+    model = _model(tmp_path, model_type="foo_bar", architectures=["FooBarForCausalLM"])
+    out = cli_without_ray(_argv(tmp_path, model))
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.splitlines()[-1].startswith(
+        f"slime: error: --hf-checkpoint {model}: config.json's model_type 'foo_bar' is not one transformers "
+    )
+    assert "Traceback" not in out.stderr
+
+
+def test_a_model_with_its_own_code_is_not_refused_by_type(tmp_path):
+    from slime_app.preflight import _check_model_type
+
+    _check_model_type(str(_model(tmp_path, model_type="foo_bar", auto_map={"AutoConfig": "x.FooConfig"})))
