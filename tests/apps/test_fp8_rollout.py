@@ -118,7 +118,7 @@ def test_preflight_needs_the_bf16_ref_load_refuses_lora_and_recommends_tis(tmp_p
 
 
 def test_fsdp_converts_a_torch_dist_ref_load_for_fp8_serving_even_without_kl(tmp_path):
-    from slime_app.checkpoints import fsdp_reference_dir
+    from slime_app.ref_load import fsdp_reference_dir
 
     fp8_dir = _checkpoint(tmp_path / "fp8", fp8=True)
     torch_dist = tmp_path / "ref_torch_dist"

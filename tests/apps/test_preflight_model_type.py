@@ -31,6 +31,6 @@ def test_an_unknown_model_type_is_refused_before_ray_starts(tmp_path, cli_withou
 
 
 def test_a_model_with_its_own_code_is_not_refused_by_type(tmp_path):
-    from slime_app.preflight import _check_model_type
+    from slime_app.model_files import check_model_type
 
-    _check_model_type(str(_model(tmp_path, model_type="foo_bar", auto_map={"AutoConfig": "x.FooConfig"})))
+    check_model_type(str(_model(tmp_path, model_type="foo_bar", auto_map={"AutoConfig": "x.FooConfig"})))

@@ -2,10 +2,8 @@
 
 Each one's kind is told from its files alone (`slime_app.checkpoint_kinds`); its architecture is compared with
 `--hf-checkpoint`'s (`slime_app.checkpoint_shapes`).
-
-The original's scripts give `--ref-load` as a torch_dist directory (converted from the HF checkpoint with
-`convert_hf_to_torch_dist.py`). The Megatron backend reads it as it is; the FSDP backend needs HF weights, so the
-run converts it once into `<--output-dir>/ref_load_hf` (reused while the source is unchanged).
+`--ref-load` is checked (and converted for FSDP) in `slime_app.ref_load`; architectures in
+`slime_app.checkpoint_architecture`.
 """
 
 from __future__ import annotations
@@ -15,9 +13,10 @@ import logging
 import os
 import pathlib
 
+from slime_app.checkpoint_architecture import architecture_check, grouped, key_shapes_check
 from slime_app.checkpoint_kinds import RECOGNIZED_KINDS, checkpoint_kind, iteration_dir, with_article
 from slime_app.dcp_shards import check_shards, checkpoint_state_dirs
-from slime_app.fp8_rollout import serving_fp8
+from slime_app.ref_load import check_ref_load
 from slime_app.run_lock import unless_in_use
 from slime_core.checkpoint_dirs import (
     TRACKER_FILE,
@@ -33,7 +32,7 @@ from slime_core.extensions import train_backend_spec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_checkpoints", "fsdp_reference_dir"]
+__all__ = ["check_checkpoints"]
 
 
 def _recovery_hint(root: pathlib.Path, *, exclude: str | None = None) -> str:
@@ -323,41 +322,6 @@ def _check_critic_schedule(cfg: SlimeArgs) -> None:
         raise ValueError(message) from None
 
 
-def _check_ref_load(cfg: SlimeArgs, notes: list[str]) -> None:
-    kind = checkpoint_kind(cfg.ref_load)
-    if kind in ("missing", "empty"):
-        raise FileNotFoundError(f"--ref-load {cfg.ref_load}: no checkpoint there ({kind})")
-    if kind == "torch_dist":  # read by Megatron, or converted for FSDP: either way every shard (metadata only)
-        root = pathlib.Path(cfg.ref_load)
-        check_shards("--ref-load", root, checkpoint_state_dirs(root, kind, None), "give a complete copy of it")
-    same_as_hf = cfg.hf_checkpoint and os.path.realpath(cfg.ref_load) == os.path.realpath(cfg.hf_checkpoint)
-    fp8 = serving_fp8(cfg) is not None  # FP8 serving: --ref-load holds the trainer's BF16 start weights
-    if train_backend_spec(cfg).reads_torch_dist:
-        if kind == "torch_dist" or same_as_hf or (fp8 and kind == "hf"):
-            notes.append(f"--ref-load {cfg.ref_load}: {kind}, the initial and reference weights")
-            return
-        raise ValueError(
-            f"--ref-load {cfg.ref_load}: {with_article(kind)}; the Megatron backend reads --ref-load as torch_dist "
-            "(slime-convert hf-to-mcore), or leave it out to start from --hf-checkpoint"
-        )
-    if not cfg.with_ref and not fp8:
-        # FSDP starts from --hf-checkpoint; --ref-load only feeds the reference model of a KL term.
-        notes.append(f"--ref-load {cfg.ref_load}: not read (no KL term, so no reference model under FSDP)")
-    elif kind == "hf":
-        notes.append(
-            f"--ref-load {cfg.ref_load}: HF weights of the {'trainer (FP8 serving)' if fp8 else 'reference model'}"
-        )
-    elif kind == "torch_dist":
-        _convertible(cfg)
-        notes.append(
-            f"--ref-load {cfg.ref_load}: torch_dist; the FSDP {'trainer' if fp8 else 'reference model'} reads it "
-            "converted to HF in "
-            f"{_converted_dir(cfg)} (converted once, before the run)"
-        )
-    else:
-        raise ValueError(f"--ref-load {cfg.ref_load}: {with_article(kind)}; FSDP needs HF weights or torch_dist")
-
-
 def check_checkpoints(cfg: SlimeArgs) -> list[str]:
     """Checks `--load`, `--ref-load` and `--critic-load` against the backend and `--hf-checkpoint`'s architecture.
 
@@ -378,244 +342,13 @@ def check_checkpoints(cfg: SlimeArgs) -> list[str]:
     if not cfg.debug_rollout_only:
         _check_critic_schedule(cfg)
     if cfg.ref_load:
-        _check_ref_load(cfg, notes)
-    mismatches, compared = _architecture_check(cfg)
+        check_ref_load(cfg, notes)
+    mismatches, compared = architecture_check(cfg)
     notes += compared
     if mismatches:
         raise ValueError(
             f"checkpoints of another architecture than --hf-checkpoint (the model is built from its config.json): "
-            f"{_grouped(mismatches)}"
+            f"{grouped(mismatches)}"
         )
-    notes += _key_shapes_check(cfg)
+    notes += key_shapes_check(cfg)
     return notes
-
-
-def _key_shapes_check(cfg: SlimeArgs) -> list[str]:
-    """Every stored key the loaders read against the shape `--hf-checkpoint`'s config implies (headers only).
-
-    The field comparison above reads a few tensors (the first layer's projections, the layer count from the highest
-    index); this is the check the Megatron backend runs before it loads (`slime_convert.load_shapes`), so a missing
-    middle layer or one tensor of another width stops here, before any GPU work, and not in the loader.
-    Models slime-convert has no mapping for are compared by fields only (a note says so); FSDP checkpoints and
-    `--critic-load` (a value head) are left to the field comparison.
-
-    Raises:
-        ValueError: naming the flag, the path, the first mismatching keys and the config fields.
-    """
-    from slime_convert.load_shapes import check_hf_checkpoint, check_torch_dist_checkpoint
-    from slime_convert.model_args import ModelArgs
-
-    if not cfg.hf_checkpoint or not (pathlib.Path(cfg.hf_checkpoint) / "config.json").is_file():
-        return []
-    try:
-        args = ModelArgs.from_hf_dir(cfg.hf_checkpoint, make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by)
-    except ValueError as e:
-        return [f"--hf-checkpoint {cfg.hf_checkpoint}: tensor shapes not checked key by key ({first_sentence(e)})"]
-    checked = []
-    for flag, path in (("--hf-checkpoint", cfg.hf_checkpoint), ("--ref-load", cfg.ref_load), ("--load", cfg.load)):
-        kind = checkpoint_kind(path) if path else None
-        if kind == "hf" and any(pathlib.Path(path).glob("*.safetensors")):
-            if not check_hf_checkpoint(flag, path, args, config_dir=cfg.hf_checkpoint, mapped_only=True):
-                continue
-        elif kind == "torch_dist":
-            step = cfg.ckpt_step if flag == "--load" else None
-            # The Megatron model's rows must be the checkpoint's; an export to HF (FSDP) drops any padding.
-            tp = cfg.tensor_model_parallel_size if train_backend_spec(cfg).reads_torch_dist else None
-            check_torch_dist_checkpoint(
-                flag, path, args, config_dir=cfg.hf_checkpoint, ckpt_step=step, tensor_model_parallel_size=tp
-            )
-        else:
-            continue
-        checked.append(flag)
-    return (
-        [f"{', '.join(checked)}: every tensor's shape checked against --hf-checkpoint's config.json"] if checked else []
-    )
-
-
-def _grouped(mismatches: list[str]) -> str:
-    """`"A vs B: fact"` lines as one clause per checkpoint pair, each fact once.
-
-    A 2-layer `--ref-load` against a 36-layer model gave 13 clauses repeating both paths, and the same size twice
-    (`config.json hidden_size 16 vs 2560`, then `hidden_size 16 vs 2560` read from the weights).
-    """
-    groups: dict[str, list[str]] = {}
-    for line in mismatches:
-        pair, _, fact = line.rpartition(": ")
-        facts = groups.setdefault(pair, [])
-        if fact not in facts and f"config.json {fact}" not in facts:
-            facts.append(fact)
-    return "; ".join(f"{pair}: {', '.join(facts)}" for pair, facts in groups.items())
-
-
-def _fields_of(flag: str, path: str, kind: str) -> dict[str, int | None] | None:
-    """The architecture fields of the checkpoint at `path` (`slime_app.checkpoint_shapes`); None for other kinds.
-
-    Raises:
-        ValueError: its `.metadata` cannot be read (message names the flag).
-    """
-    from slime_app.checkpoint_shapes import config_fields, dcp_shapes, tensor_fields
-
-    root = pathlib.Path(path)
-    if kind == "hf":
-        return config_fields(root)
-    if kind == "torch_dist":
-        from slime_convert.torch_dist import resolve_iteration_dir
-
-        state = resolve_iteration_dir(root)
-    elif kind == "fsdp":
-        state = (iteration_dir(root) or root) / "model_and_optim"
-        if not (state / ".metadata").is_file():
-            return None
-    else:
-        return None
-    try:
-        return tensor_fields(dcp_shapes(state))
-    except Exception as e:  # noqa: BLE001 - torch's reader raises pickle/EOF errors on a truncated file
-        raise ValueError(f"{flag} {path}: cannot read {state / '.metadata'} ({type(e).__name__}: {e})") from None
-
-
-def _vocab_divisor(cfg: SlimeArgs, path: str, kind: str) -> int:
-    """The padding divisor a checkpoint's embedding rows are compared by.
-
-    A torch_dist checkpoint's recorded divisor, else the run's `--make-vocab-size-divisible-by`. A recorded divisor
-    other than the run's is the Megatron loader's error (`_key_shapes_check`, one line naming both); an export to HF
-    (FSDP) drops the padding whatever it is.
-    """
-    if kind == "torch_dist":
-        from slime_convert.torch_dist import resolve_iteration_dir
-        from slime_convert.vocab_padding import read_recorded_divisor
-
-        recorded = read_recorded_divisor(resolve_iteration_dir(path))
-        if recorded is not None:
-            return recorded
-    return cfg.make_vocab_size_divisible_by
-
-
-def _architecture_check(cfg: SlimeArgs) -> tuple[list[str], list[str]]:
-    """Compares `--ref-load`, `--load` and `--critic-load` with `--hf-checkpoint` (`slime_app.checkpoint_shapes`).
-
-    An HF directory is compared by config.json (`ARCHITECTURE_FIELDS`) and by shapes, and its safetensors weights
-    are checked against its own config.json; `--hf-checkpoint`'s weights too.
-
-    Returns:
-        (one line per differing field, naming both flags; one note per checkpoint saying what was compared).
-    """
-    from slime_app.checkpoint_shapes import architecture_mismatches, config_fields, config_mismatches, read_config
-
-    if not cfg.hf_checkpoint or not (pathlib.Path(cfg.hf_checkpoint) / "config.json").is_file():
-        return [], []
-    expected = config_fields(cfg.hf_checkpoint)
-    expected_config = read_config(cfg.hf_checkpoint)
-    mismatches = _weights_vs_config("--hf-checkpoint", cfg.hf_checkpoint, cfg.hf_checkpoint)
-    loaded = [("--ref-load", cfg.ref_load), ("--load", cfg.load)]
-    if cfg.use_critic and cfg.critic_load:
-        loaded.append(("--critic-load", cfg.critic_load))
-    notes: list[str] = []
-    for flag, path in loaded:
-        if not path or os.path.realpath(path) == os.path.realpath(cfg.hf_checkpoint):
-            continue
-        kind = checkpoint_kind(path)
-        if kind == "hf" and (pathlib.Path(path) / "config.json").is_file():
-            mismatches += _weights_vs_config(flag, path, cfg.hf_checkpoint)
-        # An HF critic under FSDP is built from its own config.json (slime_train_fsdp.critic_backend).
-        if flag == "--critic-load" and kind == "hf" and not train_backend_spec(cfg).reads_torch_dist:
-            notes.append(f"--critic-load {path}: HF, the FSDP value model is built from its own config.json")
-            continue
-        if kind == "hf" and (pathlib.Path(path) / "config.json").is_file():
-            mismatches += [
-                f"{flag} {path} vs --hf-checkpoint {cfg.hf_checkpoint}: config.json {field} {have!r} vs {want!r}"
-                for field, have, want in config_mismatches(expected_config, read_config(path))
-            ]
-        found = _fields_of(flag, path, kind)
-        if found is None:
-            continue
-        mismatches += architecture_mismatches(
-            expected, found, flag=flag, path=path, hf_checkpoint=cfg.hf_checkpoint,
-            vocab_divisor=_vocab_divisor(cfg, path, kind),
-        )  # fmt: skip
-        shared = [f for f, v in found.items() if v is not None and expected.get(f) is not None]
-        notes.append(
-            f"{flag} {path}: {', '.join(shared)} compared with --hf-checkpoint" if shared
-            else f"{flag} {path}: no architecture field to compare (no config.json or known tensor names)"
-        )  # fmt: skip
-    return mismatches, notes
-
-
-def _weights_vs_config(flag: str, path: str, hf_checkpoint: str) -> list[str]:
-    """An HF directory's safetensors shapes (headers only) against its own config.json, one line per field.
-
-    Raises:
-        ValueError: a safetensors header cannot be read (names the flag and the file).
-    """
-    from slime_app.checkpoint_shapes import architecture_mismatches, config_fields, safetensors_shapes, tensor_fields
-
-    try:
-        found = tensor_fields(safetensors_shapes(path))
-    except ValueError as e:
-        raise ValueError(f"{flag} {path}: {e}") from None
-    return architecture_mismatches(
-        config_fields(path), found, flag=flag, path=f"{path} (weights)", hf_checkpoint=hf_checkpoint,
-        against="its own config.json",
-    )  # fmt: skip
-
-
-def _converted_dir(cfg: SlimeArgs) -> pathlib.Path:
-    return pathlib.Path(cfg.output_dir) / "ref_load_hf"
-
-
-def _convertible(cfg: SlimeArgs) -> None:
-    from slime_convert.model_args import SUPPORTED_MODEL_TYPES, ModelArgs
-
-    if not cfg.hf_checkpoint:
-        raise ValueError(f"--ref-load {cfg.ref_load}: converting torch_dist to HF needs --hf-checkpoint (its config)")
-    try:
-        ModelArgs.from_hf_dir(cfg.hf_checkpoint, make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by)
-    except ValueError as e:
-        raise ValueError(
-            f"--ref-load {cfg.ref_load} is torch_dist and FSDP needs HF weights, but slime-convert cannot convert this "
-            f"model ({e}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}): give --ref-load as an HF directory, or leave "
-            "it out (the reference model is then --hf-checkpoint)"
-        ) from None
-
-
-def _source_stamp(cfg: SlimeArgs) -> dict[str, object]:
-    from slime_convert.torch_dist import resolve_iteration_dir
-
-    source = resolve_iteration_dir(cfg.ref_load)
-    return {"source": str(source.resolve()), "mtime": (source / ".metadata").stat().st_mtime}
-
-
-def fsdp_reference_dir(cfg: SlimeArgs, *, convert: bool) -> str | None:
-    """For FSDP with a torch_dist `--ref-load`: the HF directory the reference model reads (else None).
-
-    Args:
-        cfg: the run config.
-        convert: write the conversion now (reused when `ref_load_hf/source.json` names the same source); False
-            only names the directory (dry runs).
-
-    Returns:
-        The directory to use as `--ref-load`, or None when no conversion is needed.
-    """
-    # FP8 serving: the trainer's own start weights are the BF16 --ref-load (slime_app.fp8_rollout), KL or not.
-    needs_ref = cfg.with_ref or serving_fp8(cfg) is not None
-    if train_backend_spec(cfg).reads_torch_dist or not cfg.ref_load or not needs_ref:
-        return None
-    if checkpoint_kind(cfg.ref_load) != "torch_dist":
-        return None
-    out = _converted_dir(cfg)
-    if not convert:
-        return str(out)
-    stamp = _source_stamp(cfg)
-    marker = out / "source.json"
-    if marker.is_file() and json.loads(marker.read_text()) == stamp:
-        logger.info("--ref-load %s: reusing its HF conversion in %s", cfg.ref_load, out)
-        return str(out)
-    from slime_convert import mcore_to_hf
-
-    logger.info(
-        "--ref-load %s is torch_dist: converting it to HF in %s for the FSDP reference model", cfg.ref_load, out
-    )
-    # mcore_to_hf writes a config stating the exported dtype and no quantization_config (even from an FP8 origin).
-    mcore_to_hf(cfg.ref_load, out, cfg.hf_checkpoint, force=True, progress=False)
-    marker.write_text(json.dumps(stamp))
-    return str(out)

@@ -5,15 +5,20 @@ from __future__ import annotations
 import logging
 import os
 
-from slime_app.checkpoint_kinds import checkpoint_kind
 from slime_app.checkpoints import check_checkpoints
 from slime_app.fp8_rollout import check_fp8_rollout
+from slime_app.model_files import (
+    check_hf_weights,
+    check_json_files,
+    check_model_type,
+    check_opd_teacher,
+    weight_readers,
+)
 from slime_app.ray_start import ray_address
 from slime_app.resume_point import check_data_cursor, check_replay_dumps
 from slime_core.config import SlimeArgs
 from slime_core.config.base import field_to_flag
 from slime_core.extensions import ROLLOUT_ENGINES, TRAIN_BACKENDS, engine_spec, run_preflight_hooks, train_backend_spec
-from slime_core.hf_checkpoint import INDEX_NAME, read_weight_map
 from slime_core.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -389,176 +394,6 @@ def _run_owned_checks(cfg: SlimeArgs) -> list[str]:
     return [p.message for p in problems]
 
 
-# The JSON files of a model folder that config, tokenizer and weight loading parse.
-_MODEL_JSON = ("config.json", "tokenizer_config.json", "tokenizer.json", "generation_config.json",
-               "model.safetensors.index.json", "preprocessor_config.json", "processor_config.json")  # fmt: skip
-
-
-def _check_json_files(folder: str) -> None:
-    """Each JSON file of `--hf-checkpoint` the run parses must be valid UTF-8 JSON, its shard index inside the folder.
-
-    A truncated copy said only `Expecting ',' delimiter: line 2 column 1 (char 23)`, naming no file.
-
-    Raises:
-        ValueError: naming the flag, the file, its line and column; or the index key whose shard is an absolute
-            path or climbs out with `..` (`slime_core.hf_checkpoint.read_weight_map`).
-    """
-    import json
-
-    for name in _MODEL_JSON:
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
-            continue
-        try:
-            with open(path, encoding="utf-8") as f:
-                json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(
-                f"--hf-checkpoint {folder}: {name} is not valid JSON (line {e.lineno} column {e.colno}: {e.msg}); "
-                "a partial download or copy?"
-            ) from None
-        except UnicodeDecodeError as e:
-            raise ValueError(f"--hf-checkpoint {folder}: {name} is not UTF-8 (byte offset {e.start})") from None
-    index = os.path.join(folder, INDEX_NAME)
-    if os.path.isfile(index):
-        try:  # transformers, the engines and the converter follow its shard names as given
-            read_weight_map(index)
-        except ValueError as e:
-            raise ValueError(f"--hf-checkpoint: {e}") from None
-
-
-def _check_model_type(folder: str) -> None:
-    """config.json's `model_type` must be one transformers builds or bring its code (an unknown one failed in Ray).
-
-    Raises:
-        ValueError: naming the flag, the folder, the model type and the transformers version.
-    """
-    import json
-
-    import transformers
-
-    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if not isinstance(config, dict) or config.get("auto_map") or model_type in transformers.CONFIG_MAPPING:
-        return
-    raise ValueError(
-        f"--hf-checkpoint {folder}: config.json's model_type {model_type!r} is not one transformers "
-        f"{transformers.__version__} knows, and config.json names no code of its own (auto_map); the engines and the "
-        "trainer build the model from it: give a model of a supported type"
-    )
-
-
-def _weight_readers(cfg: SlimeArgs) -> dict[str, str]:
-    """Who reads `--hf-checkpoint`'s weights in this run, `"engines"` and/or `"trainer"`, with how (for messages)."""
-    from slime_core.fp8 import trainer_weights_dir
-
-    readers = {}
-    if cfg.rollout_engine and not (cfg.rollout_engine_urls or cfg.debug_train_only):
-        readers["engines"] = f"the --rollout-engine {cfg.rollout_engine} engines load them at start"
-    if not cfg.debug_rollout_only:
-        torch_dist_start = (
-            train_backend_spec(cfg).reads_torch_dist
-            and cfg.ref_load
-            and (checkpoint_kind(cfg.ref_load) == "torch_dist")
-        )  # Megatron starts from a torch_dist --ref-load, not from --hf-checkpoint
-        starts_here = os.path.realpath(trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)) == os.path.realpath(
-            cfg.hf_checkpoint
-        )
-        if starts_here and not torch_dist_start:
-            trainer = f"the --train-backend {cfg.train_backend} trainer"
-            readers["trainer"] = f"{trainer} loads its *.safetensors (also before --load)"
-    return readers
-
-
-def _check_hf_weights(cfg: SlimeArgs) -> None:
-    """`--hf-checkpoint` must hold weights when engines or the trainer load them (a config-only folder passed).
-
-    The trainers read `*.safetensors` only (`slime_train_fsdp.model_loading.read_hf_state_dict`, Megatron's
-    `load_hf_weights`); engines also read PyTorch `*.bin` files.
-
-    Raises:
-        FileNotFoundError: naming the flag, the folder and who would load the weights.
-    """
-    readers = _weight_readers(cfg)
-    if not readers:
-        return
-    files = [p.name for p in os.scandir(cfg.hf_checkpoint) if p.is_file()]
-    safetensors = any(name.endswith(".safetensors") for name in files)
-    if safetensors or ("trainer" not in readers and any(name.endswith((".bin", ".pt")) for name in files)):
-        return
-    shown = ", ".join(sorted(files)[:6]) + (", ..." if len(files) > 6 else "")
-    if any(n.endswith((".bin", ".pt")) for n in files):
-        found = f"only PyTorch *.bin/*.pt weights, no *.safetensors ({shown})"
-        fix = "convert them to safetensors (`save_pretrained(DIR, safe_serialization=True)`)"
-    else:
-        found = f"no weight files, only {shown or 'nothing'}"
-        fix = "give the folder with the model's weights (`huggingface-cli download <model> --local-dir DIR`)"
-    who = " and ".join(readers.values())
-    raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: {found}, but {who}; {fix}")
-
-
-def _check_opd_teacher(cfg: SlimeArgs) -> None:
-    """A trainer-side OPD teacher given as an HF directory must have the student's architecture and tokenizer.
-
-    Torch-dist and FSDP checkpoints carry no config.json; their shapes are checked when they load.
-
-    Raises:
-        ValueError: a field of `slime_app.checkpoint_shapes.ARCHITECTURE_FIELDS` differs (message names both values).
-    """
-    from slime_app.checkpoint_shapes import config_mismatches, read_config
-
-    teacher_config = os.path.join(cfg.opd_teacher_load or "", "config.json")
-    if not (cfg.use_opd and cfg.opd_teacher_load and cfg.hf_checkpoint and os.path.exists(teacher_config)):
-        return
-    mismatches = config_mismatches(read_config(cfg.hf_checkpoint), read_config(cfg.opd_teacher_load))
-    differ = [f"{k}: teacher {teacher!r} vs student {student!r}" for k, teacher, student in mismatches]
-    if differ:
-        raise ValueError(
-            f"--opd-teacher-load {cfg.opd_teacher_load}: the trainer-side teacher must have the student's "
-            f"(--hf-checkpoint) architecture; config.json differs in {'; '.join(differ)} (a teacher of another "
-            "architecture can be served by an engine: --opd-type sglang)"
-        )
-    _check_teacher_vocabulary(cfg)
-
-
-def _check_teacher_vocabulary(cfg: SlimeArgs) -> None:
-    """The trainer-side teacher reads the student's token ids: its tokenizer must map text to the same ids.
-
-    A teacher of the same vocabulary size but another vocabulary passed the config.json check and scored every
-    sampled id as some other token (training on nonsense). Checked where the teacher's folder has tokenizer files;
-    one without them is said once in the log.
-
-    Raises:
-        ValueError: naming both paths, the vocabulary sizes and whether the token-to-id maps differ.
-    """
-    from slime_rollout.data.tokenizer import has_tokenizer_files, vocabulary_fingerprint
-
-    if not has_tokenizer_files(cfg.opd_teacher_load):
-        logger.warning(
-            "--opd-teacher-load %s has no tokenizer files: whether the teacher shares the student's vocabulary "
-            "(--hf-checkpoint %s) is not checked",
-            cfg.opd_teacher_load,
-            cfg.hf_checkpoint,
-        )
-        return
-    (student_size, student), (teacher_size, teacher) = (
-        vocabulary_fingerprint(cfg.hf_checkpoint),
-        vocabulary_fingerprint(cfg.opd_teacher_load),
-    )
-    if student != teacher:
-        how = (
-            f"{teacher_size:,} tokens vs the student's {student_size:,}"
-            if teacher_size != student_size
-            else f"the same {teacher_size:,} tokens mapped to other ids"
-        )
-        raise ValueError(
-            f"--opd-teacher-load {cfg.opd_teacher_load}: its tokenizer is not the student's (--hf-checkpoint "
-            f"{cfg.hf_checkpoint}): {how}; the teacher scores the student's token ids, so it needs the same "
-            "vocabulary (a teacher of another tokenizer cannot distil token by token)"
-        )
-
-
 def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     """Validates paths, data files, plugins, architecture flags and checkpoints named by the config.
 
@@ -597,10 +432,10 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     if cfg.hf_checkpoint and not os.path.exists(os.path.join(cfg.hf_checkpoint, "config.json")):
         raise FileNotFoundError(f"--hf-checkpoint {cfg.hf_checkpoint}: no config.json (not a Hugging Face model dir)")
     if cfg.hf_checkpoint:
-        _check_json_files(cfg.hf_checkpoint)
-        if _weight_readers(cfg):  # only those who build the model need its type
-            _check_model_type(cfg.hf_checkpoint)
-    _check_opd_teacher(cfg)
+        check_json_files(cfg.hf_checkpoint)
+        if weight_readers(cfg):  # only those who build the model need its type
+            check_model_type(cfg.hf_checkpoint)
+    check_opd_teacher(cfg)
     notes = sink_notes + check_fp8_rollout(cfg)
     # The packages' and entries' own checks (data, engine flags, Megatron's model type): architecture flag
     # mismatches do not matter if the model cannot be built.
@@ -610,5 +445,5 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     notes += check_data_cursor(cfg)  # the loop restores it only after the engines and the model load
     notes += check_replay_dumps(cfg)
     if cfg.hf_checkpoint:  # last: a config-only folder is enough for every check above, and their errors say more
-        _check_hf_weights(cfg)
+        check_hf_weights(cfg)
     return notes

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from slime_app.checkpoints import fsdp_reference_dir
+from slime_app.ref_load import fsdp_reference_dir
 from slime_core.config import ConfigError, PluginArgs, SlimeArgs
 
 logger = logging.getLogger(__name__)
