@@ -78,10 +78,14 @@ def check_shards(flag: str, root: pathlib.Path, folders: list[pathlib.Path], hin
     """Refuses a checkpoint whose DCP folders lack bytes their `.metadata` points at (`dcp_shard_problems`).
 
     Raises:
-        ValueError: naming the flag, the folder and each damaged shard, then `hint` (where to resume from).
+        ValueError: naming the flag, the folder and each damaged shard, then `hint` (where to resume from); or an
+            unreadable `.metadata` (names the flag and the file).
     """
     for folder in folders:
-        problems = dcp_shard_problems(folder)
+        try:
+            problems = dcp_shard_problems(folder)
+        except ValueError as e:  # the reader's error names the file, not which flag gave it
+            raise ValueError(f"{flag} {root}: {e}; {hint}") from None
         if problems:
             shown = folder.relative_to(root) if folder.is_relative_to(root) else folder
             raise ValueError(
