@@ -216,6 +216,29 @@ def _check_hf_load(cfg: SlimeArgs, notes: list[str]) -> bool:
     return True
 
 
+def _read_meta(root: pathlib.Path, step_dir: pathlib.Path | None) -> dict | None:
+    """`step_dir/meta.json` as a dict (None: no iteration, or no meta.json there: the trainer's load names that).
+
+    Raises:
+        ValueError: not UTF-8 JSON holding an object, named as `--load <root>: <iteration>/meta.json ...` with the
+            complete iterations to resume from (callers for the critic rename the flag).
+    """
+    meta = step_dir / "meta.json" if step_dir is not None else None
+    if meta is None or not meta.is_file():
+        return None
+    try:  # the trainer's load refuses it too, but after Ray, the engines and the model build
+        saved = json.loads(meta.read_text(encoding="utf-8"))
+        if not isinstance(saved, dict):
+            raise ValueError(f"it holds {type(saved).__name__}, not an object")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(
+            f"--load {root}: {step_dir.name}/meta.json cannot be read ({type(e).__name__}: {first_sentence(e)}); it "
+            "was damaged after it was written (a partial copy, a crash before it reached the disk); "
+            f"{_recovery_hint(root, exclude=step_dir.name)}"
+        ) from None
+    return saved
+
+
 def _check_fsdp_model_flags(cfg: SlimeArgs, root: pathlib.Path) -> None:
     """`--load`'s `meta.json` names the flags that decided its parameters; this run must have the same.
 
@@ -228,19 +251,9 @@ def _check_fsdp_model_flags(cfg: SlimeArgs, root: pathlib.Path) -> None:
     from slime_train_fsdp.checkpoint import model_flag_mismatches, model_flags_of
 
     step_dir = root / iteration_name(cfg.ckpt_step) if cfg.ckpt_step is not None else iteration_dir(root)
-    meta = step_dir / "meta.json" if step_dir is not None else None
-    if meta is None or not meta.is_file():
+    saved = _read_meta(root, step_dir)
+    if saved is None:
         return
-    try:  # the trainer's load refuses it too, but after Ray, the engines and the model build
-        saved = json.loads(meta.read_text(encoding="utf-8"))
-        if not isinstance(saved, dict):
-            raise ValueError(f"it holds {type(saved).__name__}, not an object")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(
-            f"--load {root}: {step_dir.name}/meta.json cannot be read ({type(e).__name__}: {first_sentence(e)}); it "
-            "was damaged after it was written (a partial copy, a crash before it reached the disk); "
-            f"{_recovery_hint(root, exclude=step_dir.name)}"
-        ) from None
     differ = model_flag_mismatches(saved, model_flags_of(cfg))
     if differ:
         raise ValueError(
@@ -288,17 +301,20 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
         raise ValueError(str(e).replace("--load:", f"--load {root}:", 1)) from None
 
 
-def _check_critic_schedule(cfg: SlimeArgs) -> None:
-    """The PPO critic's FSDP checkpoint must continue under this run's `--critic-lr` schedule, as the actor's.
+def _check_critic_load(cfg: SlimeArgs) -> None:
+    """The PPO critic's FSDP checkpoint gets the actor's cheap checks: shard sizes, meta.json, lr schedule.
 
-    The critic's trainer refused another `--critic-lr` (naming `--lr`) when it loaded, after Ray, the engines and the
-    actor's model load. The critic loads the actor's iteration (`slime_app.actor_critic.critic_resume_step`).
+    The critic's trainer found a truncated `.distcp`, a damaged `meta.json` or another `--critic-lr` when it loaded,
+    after Ray, the engines and the actor's model load. The critic loads the actor's iteration
+    (`slime_app.actor_critic.critic_resume_step`); `.metadata` and file sizes only, no tensor read.
 
     Raises:
-        ValueError: the schedule or AdamW flags differ (names the critic's folder and the critic's flags), or the
-            critic's folder lacks the actor's iteration.
+        ValueError: a shard lacking bytes, an unreadable `.metadata` or `meta.json` (names the file and the
+            iterations to resume from), a schedule or AdamW flag that differs (names the critic's flags), or the
+            critic's folder lacks the actor's iteration. Each names `--critic-load`, or `--load` and the critic's
+            folder in it.
     """
-    if not cfg.use_critic or cfg.no_load_optim or train_backend_spec(cfg).checkpoint_format != "fsdp":
+    if not cfg.use_critic or train_backend_spec(cfg).checkpoint_format != "fsdp":
         return
     from slime_core.critic import critic_config
 
@@ -311,7 +327,14 @@ def _check_critic_schedule(cfg: SlimeArgs) -> None:
     step = critic_resume_step(pin_load_step(cfg))
     root = pathlib.Path(critic.load)
     try:
-        _check_fsdp_schedule(critic if step is None else critic.model_copy(update={"ckpt_step": step}), root)
+        step_dir = root / iteration_name(step) if step is not None else iteration_dir(root)
+        if step_dir is not None:
+            # The critic's iteration follows the actor's, so the hint names its folder's other iterations.
+            hint = _recovery_hint(root, exclude=step_dir.name)
+            check_shards("--load", root, checkpoint_state_dirs(root, "fsdp", step), hint)
+            _read_meta(root, step_dir)
+        if not cfg.no_load_optim:
+            _check_fsdp_schedule(critic if step is None else critic.model_copy(update={"ckpt_step": step}), root)
     except ValueError as e:
         named = f"--critic-load {root}:" if cfg.critic_load else f"--load {cfg.load} (the critic's {root}):"
         message = str(e).replace(f"--load {root}:", named, 1)
@@ -340,7 +363,7 @@ def check_checkpoints(cfg: SlimeArgs) -> list[str]:
     elif cfg.load:
         _check_load(cfg, notes)
     if not cfg.debug_rollout_only:
-        _check_critic_schedule(cfg)
+        _check_critic_load(cfg)
     if cfg.ref_load:
         check_ref_load(cfg, notes)
     mismatches, compared = architecture_check(cfg)

@@ -1,0 +1,87 @@
+"""A PPO critic's own checkpoint files (DCP shards, meta.json) checked before Ray starts, as the actor's (issue 27)."""
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from slime_app.checkpoints import check_checkpoints
+from slime_core.config import parse_args
+
+
+def _cfg(save, *extra):
+    return parse_args(["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "4",
+                       "--train-backend", "fsdp", "--advantage-estimator", "ppo", "--load", str(save),
+                       "--no-load-optim", *extra])  # fmt: skip
+
+
+def _save(root, steps):
+    """FSDP iterations `steps` under `root`, each with meta.json and a real one-process DCP model_and_optim/."""
+    for step in steps:
+        folder = root / f"iter_{step:07d}"
+        folder.mkdir(parents=True)
+        (folder / "meta.json").write_text("{}")
+        state = {"model": {"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(10)}}
+        dcp.save(state, checkpoint_id=str(folder / "model_and_optim"), no_dist=True)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(steps[-1]))
+
+
+@pytest.fixture
+def save(tmp_path):
+    """A PPO save: the actor's iterations 1 and 2 under save/, the critic's under save/critic/."""
+    root = tmp_path / "save"
+    _save(root, [1, 2])
+    _save(root / "critic", [1, 2])
+    return root
+
+
+def _critic_shard(save):
+    (shard,) = (save / "critic" / "iter_0000002" / "model_and_optim").glob("*.distcp")
+    return shard
+
+
+def test_a_whole_critic_checkpoint_passes(save):
+    check_checkpoints(_cfg(save))
+
+
+def test_a_truncated_critic_shard_is_named_with_the_iteration_to_resume_from(save):
+    # Issue 27: the critic's trainer ranks found it when they loaded, after Ray, the engines and the actor's load.
+    shard = _critic_shard(save)
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(_cfg(save))
+    assert str(e.value) == (
+        f"--load {save} (the critic's {save / 'critic'}): iter_0000002/model_and_optim was damaged after it was "
+        f"written (a partial copy, a crash before it reached the disk): {shard.name} holds 100 of its {size} bytes; "
+        "complete checkpoints there: iterations 1; resume from one with --ckpt-step 1"
+    )
+
+
+def test_a_missing_critic_shard_under_critic_load_names_that_flag(save, tmp_path):
+    _critic_shard(save).unlink()
+    critic = save / "critic"
+    with pytest.raises(ValueError, match=rf"^--critic-load {critic}: iter_0000002/model_and_optim was damaged .* is "):
+        check_checkpoints(_cfg(save, "--critic-load", str(critic)))
+
+
+def test_a_damaged_critic_meta_json_is_named(save):
+    (save / "critic" / "iter_0000002" / "meta.json").write_text('{"lr": ')
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(_cfg(save))
+    message = str(e.value)
+    assert message.startswith(
+        f"--load {save} (the critic's {save / 'critic'}): iter_0000002/meta.json cannot be read (JSONDecodeError"
+    )
+    assert message.endswith("complete checkpoints there: iterations 1; resume from one with --ckpt-step 1")
+
+
+def test_a_truncated_critic_metadata_is_named(save):
+    (save / "critic" / "iter_0000002" / "model_and_optim" / ".metadata").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"^--load .* \(the critic's .*\): cannot read .*\.metadata \(EOFError"):
+        check_checkpoints(_cfg(save))
+
+
+def test_the_actor_checkpoint_is_still_checked_first(save):
+    (save / "iter_0000002" / "meta.json").write_text("[")
+    with pytest.raises(ValueError, match=rf"^--load {save}: iter_0000002/meta.json cannot be read"):
+        check_checkpoints(_cfg(save))
