@@ -79,7 +79,10 @@ def _model(root: pathlib.Path, name: str, tokenizer_dir: pathlib.Path) -> pathli
     if name in CHECKPOINTS:
         shutil.copy(FIXTURES / "hf-configs" / f"{CHECKPOINTS[name]}.json", out / "config.json")
     else:
-        (out / "config.json").write_text(json.dumps({"model_type": STAND_INS[name]}))
+        config = {"model_type": STAND_INS[name]}
+        if STAND_INS[name] == "kimi_k2":  # as the published config.json: its own code (trust_remote_code)
+            config["auto_map"] = {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}
+        (out / "config.json").write_text(json.dumps(config))
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_dir / f, out / f)
     # The engines load weights from it: a config-only folder is refused (a one-tensor file whose name no check reads).

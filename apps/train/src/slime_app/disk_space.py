@@ -55,7 +55,7 @@ def check_free_space(cfg: SlimeArgs) -> None:
     Raises:
         OSError: naming the flag(s), the folder, the bytes needed and the bytes free there.
     """
-    if not cfg.hf_checkpoint or cfg.debug_rollout_only or cfg.num_rollout <= 0 or cfg.lora_rank:
+    if not cfg.hf_checkpoint or cfg.debug_rollout_only or cfg.num_rollout == 0 or cfg.lora_rank:
         return
     if not os.path.isdir(cfg.hf_checkpoint):
         return

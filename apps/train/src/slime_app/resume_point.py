@@ -77,7 +77,7 @@ def check_data_cursor(cfg: SlimeArgs) -> list[str]:
     from slime_rollout.data.cursor_file import check_cursor  # the rollout package's imports: only for a resume
     from slime_rollout.data.source import DEFAULT_DATA_SOURCES
 
-    if not cfg.load or cfg.num_rollout <= 0 or cfg.data_source_path not in DEFAULT_DATA_SOURCES:
+    if not cfg.load or cfg.num_rollout == 0 or cfg.data_source_path not in DEFAULT_DATA_SOURCES:
         return []
     start = start_rollout_id(cfg)
     if not start:
@@ -106,7 +106,7 @@ def check_replay_dumps(cfg: SlimeArgs) -> list[str]:
     """
     from slime_rollout.runtime.debug_dump import dump_path  # the rollout package's imports: only when replaying
 
-    if not cfg.load_debug_rollout_data or cfg.num_rollout <= 0:
+    if not cfg.load_debug_rollout_data or not cfg.num_rollout:  # None: counted from --num-epoch later
         return []
     start = start_rollout_id(cfg)
     if start is None:
