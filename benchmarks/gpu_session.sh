@@ -83,7 +83,7 @@
 #   trl            420  TRL GRPOTrainer baseline (wheels from .whl, carried with the call)
 #   acceptance     480  issue 25, every feature on SGLang, side by side on the one GPU, 3 rollouts of 16x4 each:
 #                       GRPO, PPO, LoRA, VL, OPD (the shared engine as teacher; a trainer-side teacher), Megatron
-#                       GRPO (each a bench_e2e.sh run with its own engine port range and a fixed KV cache), plus the
+#                       GRPO and Megatron Qwen3-MoE GRPO (qwen3-moe-tiny; each a bench_e2e.sh run with its own engine port range and a fixed KV cache), plus the
 #                       SGLang wire recording and checksum cross-check (test_sglang_wire.py -> $OUT/wire/*.json)
 #                       On a GPU under 100 GiB (H100) it runs in two waves of four (ACCEPT_WAVES=1|2 overrides): the
 #                       eight side by side ran out of memory on an 80 GB H100 (1debb1d), four at a time passed
@@ -273,6 +273,10 @@ acceptance() {
       EXTRA_FLAGS="--use-opd --opd-type fsdp --opd-teacher-load $model" ) &
   LANES+=($!)
   want megatron && ( accept_one megatron 21000 LABEL="accept-$P06-megatron-grpo" TRAIN_BACKEND=megatron ) &
+  LANES+=($!)
+  # Qwen3-MoE (2 layers, 8 experts, top-2; router aux loss from config.json's router_aux_loss_coef) on Megatron
+  want megatron_moe && ( accept_one megatron_moe 23000 LABEL="accept-qwen3-moe-tiny-megatron-grpo" \
+      TRAIN_BACKEND=megatron PRESET=qwen3-moe-tiny ) &
   LANES+=($!)
   if ! want opd_sglang; then
     :
