@@ -9,6 +9,7 @@ from slime_core.checkpoint_dirs import (
     interrupted_saves,
     iteration_name,
     iteration_of,
+    pinned_iteration,
     restore_interrupted_saves,
     saved_reference,
     tracker_step,
@@ -90,3 +91,13 @@ def test_interrupted_saves_are_complete_marked_old_copies_without_their_iteratio
         "iter_0000002", "iter_0000003", "iter_0000004", "iter_0000004.old", "iter_0000005.old", "iter_0000006.old"
     ]  # fmt: skip
     assert interrupted_saves(tmp_path / "missing") == [] and restore_interrupted_saves(tmp_path) == []
+
+
+def test_pinned_iteration_is_ckpt_step_then_the_named_iteration_folder(tmp_path):
+    save = tmp_path / "save"
+    assert pinned_iteration(str(save), 7) == 7  # --ckpt-step wins over anything --load names
+    assert pinned_iteration(str(save / "iter_0000004"), 7) == 7
+    assert pinned_iteration(str(save / "iter_0000004"), None) == 4  # Megatron's --load <save>/iter_XXXXXXX
+    assert pinned_iteration(str(save), None) is None  # the save folder: its tracker decides
+    assert pinned_iteration(str(save / "iter_0000004.tmp"), None) is None  # a copy is not an iteration to load
+    assert pinned_iteration(None, None) is None

@@ -24,7 +24,7 @@ import ray
 
 from slime_app.cluster import Placement
 from slime_app.train_actor import TrainGroup, pin_load_step
-from slime_core.checkpoint_dirs import complete_iterations, critic_dir, iteration_name, iteration_of, save_root
+from slime_core.checkpoint_dirs import complete_iterations, critic_dir, iteration_name, pinned_iteration, save_root
 from slime_core.config import SlimeArgs
 
 logger = logging.getLogger(__name__)
@@ -79,9 +79,7 @@ def critic_resume_step(cfg: SlimeArgs) -> int | None:
     """
     from slime_core.critic import critic_config  # torch: not at the driver's import
 
-    step = cfg.ckpt_step
-    if cfg.load and step is None and save_root(cfg.load) != pathlib.Path(cfg.load):
-        step = iteration_of(pathlib.Path(cfg.load).name)  # Megatron's `--load <save>/iter_XXXXXXX`: that one
+    step = pinned_iteration(cfg.load, cfg.ckpt_step)
     if not cfg.load or step is None:
         return None
     critic = critic_config(cfg)

@@ -7,10 +7,8 @@ The loop learns the start rollout from the trainer's `init`, after Ray, the engi
 
 from __future__ import annotations
 
-import pathlib
-
 from slime_app.checkpoint_kinds import checkpoint_kind
-from slime_core.checkpoint_dirs import iteration_name, iteration_of, save_root, tracker_step
+from slime_core.checkpoint_dirs import iteration_name, pinned_iteration, save_root, tracker_step
 from slime_core.config import SlimeArgs
 
 __all__ = ["check_data_cursor", "check_replay_dumps", "start_rollout_id"]
@@ -18,12 +16,8 @@ __all__ = ["check_data_cursor", "check_replay_dumps", "start_rollout_id"]
 
 def _loaded_step(cfg: SlimeArgs) -> int | None:
     """The iteration the trainer loads from `--load`: `--ckpt-step`, the iteration folder given, or the tracker's."""
-    if cfg.ckpt_step is not None:
-        return cfg.ckpt_step
-    load = pathlib.Path(cfg.load)
-    if save_root(load) != load:  # Megatron's `--load <save>/iter_XXXXXXX`
-        return iteration_of(load.name)
-    return tracker_step(load)
+    pinned = pinned_iteration(cfg.load, cfg.ckpt_step)
+    return pinned if pinned is not None else tracker_step(cfg.load)
 
 
 def start_rollout_id(cfg: SlimeArgs) -> int | None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
 __all__ = [
+    "pinned_iteration",
     "COMPLETE_MARKERS",
     "FSDP_MODEL_DIR",
     "REFERENCE_DIR",
@@ -144,6 +145,24 @@ def save_root(load: str | os.PathLike[str]) -> pathlib.Path:
     """
     path = pathlib.Path(load)
     return path.parent if _ITERATION.fullmatch(path.name) else path
+
+
+def pinned_iteration(load: str | os.PathLike[str] | None, ckpt_step: int | None) -> int | None:
+    """The iteration `--load` and `--ckpt-step` pin, before any tracker is read.
+
+    Args:
+        load: `--load` (None: no checkpoint).
+        ckpt_step: `--ckpt-step` (None: not given).
+
+    Returns:
+        `ckpt_step` when given; the iteration of the folder `load` names when it names one (Megatron's
+        `--load <save>/iter_XXXXXXX`); None otherwise (the save folder's tracker decides).
+    """
+    if ckpt_step is not None:
+        return ckpt_step
+    if load is None or save_root(load) == pathlib.Path(load):
+        return None
+    return iteration_of(pathlib.Path(load).name)
 
 
 def saved_reference(iteration_dir: str | os.PathLike[str]) -> pathlib.Path | None:
