@@ -85,3 +85,32 @@ def test_the_actor_checkpoint_is_still_checked_first(save):
     (save / "iter_0000002" / "meta.json").write_text("[")
     with pytest.raises(ValueError, match=rf"^--load {save}: iter_0000002/meta.json cannot be read"):
         check_checkpoints(_cfg(save))
+
+
+def _save_torch_dist(root, steps):
+    """Megatron-style iterations `steps` under `root`: each `iter_XXXXXXX/` a real one-process DCP save."""
+    for step in steps:
+        state = {"decoder.weight": torch.arange(1000, dtype=torch.float32)}
+        dcp.save(state, checkpoint_id=str(root / f"iter_{step:07d}"), no_dist=True)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(steps[-1]))
+
+
+def test_a_truncated_megatron_critic_shard_is_named(tmp_path):
+    # The torch_dist critic had no check before Ray: a cut shard was found by the critic's ranks when they loaded.
+    save = tmp_path / "save"
+    _save_torch_dist(save, [1, 2])
+    _save_torch_dist(save / "critic", [1, 2])
+    cfg = parse_args(["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "4",
+                      "--train-backend", "megatron", "--advantage-estimator", "ppo", "--load", str(save),
+                      "--no-load-optim"])  # fmt: skip
+    check_checkpoints(cfg)  # whole: passes
+    (shard,) = (save / "critic" / "iter_0000002").glob("*.distcp")
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(cfg)
+    assert str(e.value) == (
+        f"--load {save} (the critic's {save / 'critic'}): iter_0000002 was damaged after it was written (a partial "
+        f"copy, a crash before it reached the disk): {shard.name} holds 100 of its {size} bytes; complete checkpoints "
+        "there: iterations 1; resume from one with --ckpt-step 1"
+    )

@@ -302,11 +302,12 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
 
 
 def _check_critic_load(cfg: SlimeArgs) -> None:
-    """The PPO critic's FSDP checkpoint gets the actor's cheap checks: shard sizes, meta.json, lr schedule.
+    """The PPO critic's checkpoint gets the actor's cheap checks: shard sizes, and for FSDP meta.json and lr schedule.
 
     The critic's trainer found a truncated `.distcp`, a damaged `meta.json` or another `--critic-lr` when it loaded,
     after Ray, the engines and the actor's model load. The critic loads the actor's iteration
-    (`slime_app.actor_critic.critic_resume_step`); `.metadata` and file sizes only, no tensor read.
+    (`slime_app.actor_critic.critic_resume_step`); `.metadata` and file sizes only, no tensor read. Megatron's
+    torch_dist critic gets the shard check (its actor's checkpoint gets no more).
 
     Raises:
         ValueError: a shard lacking bytes, an unreadable `.metadata` or `meta.json` (names the file and the
@@ -314,7 +315,8 @@ def _check_critic_load(cfg: SlimeArgs) -> None:
             critic's folder lacks the actor's iteration. Each names `--critic-load`, or `--load` and the critic's
             folder in it.
     """
-    if not cfg.use_critic or train_backend_spec(cfg).checkpoint_format != "fsdp":
+    kind = train_backend_spec(cfg).checkpoint_format
+    if not cfg.use_critic or kind not in ("fsdp", "torch_dist"):
         return
     from slime_core.critic import critic_config
 
@@ -331,9 +333,10 @@ def _check_critic_load(cfg: SlimeArgs) -> None:
         if step_dir is not None:
             # The critic's iteration follows the actor's, so the hint names its folder's other iterations.
             hint = _recovery_hint(root, exclude=step_dir.name)
-            check_shards("--load", root, checkpoint_state_dirs(root, "fsdp", step), hint)
-            _read_meta(root, step_dir)
-        if not cfg.no_load_optim:
+            check_shards("--load", root, checkpoint_state_dirs(root, kind, step), hint)
+            if kind == "fsdp":
+                _read_meta(root, step_dir)
+        if kind == "fsdp" and not cfg.no_load_optim:
             _check_fsdp_schedule(critic if step is None else critic.model_copy(update={"ckpt_step": step}), root)
     except ValueError as e:
         named = f"--critic-load {root}:" if cfg.critic_load else f"--load {cfg.load} (the critic's {root}):"
