@@ -275,8 +275,8 @@ acceptance() {
   want megatron && ( accept_one megatron 21000 LABEL="accept-$P06-megatron-grpo" TRAIN_BACKEND=megatron ) &
   LANES+=($!)
   # Qwen3-MoE (2 layers, 8 experts, top-2; router aux loss from config.json's router_aux_loss_coef) on Megatron
-  want megatron_moe && ( accept_one megatron_moe 23000 LABEL="accept-qwen3-moe-tiny-megatron-grpo" \
-      TRAIN_BACKEND=megatron PRESET=qwen3-moe-tiny ) &
+  want megatron_moe && ( accept_one megatron_moe 23000 LABEL="accept-qwen3-moe-small-megatron-grpo" \
+      TRAIN_BACKEND=megatron PRESET=qwen3-moe-small ) &
   LANES+=($!)
   if ! want opd_sglang; then
     :

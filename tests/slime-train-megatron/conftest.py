@@ -79,7 +79,6 @@ def megatron_cpu_world(monkeypatch):
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-    from megatron.core.transformer.moe import router
 
     created = not dist.is_initialized()
     if created:
@@ -88,15 +87,10 @@ def megatron_cpu_world(monkeypatch):
         monkeypatch.setenv("MASTER_PORT", str(free_port()))
         dist.init_process_group("gloo", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
-    # RoPE moves its buffer to torch.cuda.current_device(); attention dropout forks the CUDA RNG; the MoE
-    # router's gating GEMM is a TE kernel. On CPU: "cpu", a no-op fork, a plain linear.
+    # RoPE moves its buffer to torch.cuda.current_device(); attention dropout forks the CUDA RNG. On CPU: "cpu", a
+    # no-op fork. (The MoE router's GEMM runs as in a run: `slime_train_megatron.model._router_gemm_without_te`.)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
     monkeypatch.setattr(get_cuda_rng_tracker(), "fork", lambda *a, **k: contextlib.nullcontext())
-    monkeypatch.setattr(
-        router,
-        "router_gating_linear",
-        lambda x, w, b, dtype: torch.nn.functional.linear(x.to(dtype), w.to(dtype), None if b is None else b.to(dtype)),
-    )
     yield
     parallel_state.destroy_model_parallel()
     if created:

@@ -171,6 +171,8 @@ def build_gpt_model(
         ValueError: an `--attention-backend` the spec cannot run (see `attention.attention_kind`).
     """
     kind = attention_kind(settings, use_transformer_engine(settings))
+    if model_args.num_experts:
+        _router_gemm_without_te()
     if kind == "transformer_engine":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
@@ -206,6 +208,20 @@ def build_gpt_model(
         # What megatron's Float16Module does to the weights: the local spec's torch norms are built in fp32.
         model.to(config.params_dtype)
     return model
+
+
+def _router_gemm_without_te() -> None:
+    """Lets megatron-core's MoE router GEMM run without Transformer Engine.
+
+    megatron-core 0.16's `RouterGatingLinearFunction` picks TE's GEMM when `moe_utils.te_general_gemm` is not None
+    and torch's `mm` otherwise, but the module defines that name only when TE imports: without TE (our local spec)
+    every MoE forward raised `NameError: name 'te_general_gemm' is not defined` (Qwen3-MoE GRPO on one H100,
+    2026-12-07). Setting it to None selects megatron-core's own torch path, forward and backward.
+    """
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def compile_decoder_layers(model: GPTModel, backend: str = "inductor") -> int:
