@@ -1,7 +1,8 @@
 """Command line: ``uv run apps/make_model --preset qwen3-tiny --out DIR`` (or ``slime-make-model ...``).
 
 Presets: qwen3-tiny (a few MB, real Qwen3 vocab), qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b,
-qwen3-moe-tiny (a 2-layer Qwen3-MoE, 8 experts, top-2: MoE routing replay on CPU), and qwen3-vl-tiny (a 2-layer
+qwen3-moe-tiny (a 2-layer Qwen3-MoE, 8 experts, top-2: MoE routing replay on CPU), qwen3-moe-small (the same
+with Qwen3-0.6B's width and heads, which SGLang serves on a GPU), and qwen3-vl-tiny (a 2-layer
 Qwen3-VL with Qwen3-0.6B's head geometry, its processor and a Qwen-VL chat template).
 """
 
