@@ -210,7 +210,7 @@ async def _run_hooks(args: SlimeArgs, sample: Sample, state: RolloutState) -> Sa
 async def generate_and_rm(
     args: SlimeArgs, sample: Sample, state: RolloutState, sampling_params: dict[str, Any] | None = None
 ) -> Sample | list[Sample]:
-    """Generates one sample (unless already finished), runs the sample hooks and scores it.
+    """Generates one sample and runs the sample hooks on it (neither for an already finished one), then scores it.
 
     Args:
         args: the plugin view; reads `custom_generate_function_path`, `rollout_sample_hook_path`, `group_rm`,
@@ -232,7 +232,8 @@ async def generate_and_rm(
         # Here, as in the original's generate_and_rm, so a custom generate function that continues the partial
         # response (not only the default one) trains on none of the older policy's tokens.
         mask_offpolicy_prefix(sample)
-    if not (sample.status in (Status.COMPLETED, Status.TRUNCATED) and sample.response_length > 0):
+    finished = sample.status in (Status.COMPLETED, Status.TRUNCATED) and sample.response_length > 0
+    if not finished:
         async with state.semaphore:
             if state.aborted:
                 sample.status = Status.ABORTED
@@ -249,7 +250,9 @@ async def generate_and_rm(
                 result = _checked_output(result, what, fan_out=True, trained=not state.evaluation)
     if isinstance(result, list):
         result = [await _run_hooks(args, s, state) for s in result]
-    else:
+    elif not finished:
+        # As the original: a finished sample from the partial-rollout buffer had its hooks run in the rollout that
+        # generated it (they ran again here, so a hook that appends or counts did it twice on those samples only).
         result = await _run_hooks(args, result, state)
     for s in result if isinstance(result, list) else [result]:
         if s.reward is not None:  # set by the generate function, a hook or an env: read it under the deadline
