@@ -200,7 +200,8 @@ def test_rollout_hooks_the_sft_rollout_never_calls_are_one_error(tmp_path, qwen3
     # A generating eval function calls the per-sample hooks on the eval samples: only the training-only one is named.
     evals = tmp_path / "eval.jsonl"
     evals.write_text(json.dumps({"input": "1+1=", "label": "2"}) + "\n")
+    generating = "slime.rollout.sglang_rollout.generate_rollout"
     flags = ("--eval-prompt-data", "aime", str(evals), "--eval-input-key", "input", "--eval-label-key", "label",
-             "--rollout-max-response-len", "8", "--eval-function-path", "slime.rollout.sglang_rollout.generate_rollout")
+             "--rollout-max-response-len", "8", "--eval-function-path", generating)  # fmt: skip
     errors = [e for e in _errors(_cfg(data, qwen3_tokenizer_dir, *hooks, *flags)) if "never calls" in e]
     assert [e.split(" with ")[0] for e in errors] == ["--dynamic-sampling-filter-path"]
