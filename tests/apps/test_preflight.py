@@ -105,6 +105,28 @@ def test_plugin_paths_resolve_before_anything_starts(tmp_path, monkeypatch):
         preflight(_args(data, "--dynamic-sampling-filter-path", "pf_nope.keep"))
 
 
+def test_an_eval_config_dataset_s_own_plugins_resolve_before_anything_starts(tmp_path, monkeypatch):
+    # Reproducer: a dataset's `custom_rm_path: nope_mod.rm` passed the dry run; the run stopped at its first eval
+    # (with --skip-eval-before-train, after --eval-interval rollouts of training).
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    _plugin_module(tmp_path, monkeypatch, "pf_eval", "async def gen(args, sample):\n    pass\n")
+    config = tmp_path / "eval.yaml"
+
+    def eval_config(**paths):
+        entry = {"name": "toy", "path": str(data), "input_key": "prompt", "label_key": "label", **paths}
+        config.write_text(json.dumps({"eval": {"datasets": [entry]}}))  # JSON is YAML
+        return _args(data, "--eval-config", str(config), "--rm-type", "math")
+
+    where = f"--eval-config {config} dataset 'toy'"
+    with pytest.raises(ImportError, match=re.escape(f"{where} custom_rm_path: module 'nope_mod' not found")):
+        preflight(eval_config(custom_rm_path="nope_mod.rm"))
+    with pytest.raises(ImportError, match=re.escape(
+        f"{where} custom_generate_function_path pf_eval.gen: its signature (args, sample) cannot take the run's call"
+    )):  # fmt: skip
+        preflight(eval_config(custom_generate_function_path="pf_eval.gen"))
+
+
 @pytest.mark.parametrize(
     ("flag", "body", "message"),
     [

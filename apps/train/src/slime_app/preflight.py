@@ -128,7 +128,10 @@ def check_plugin_config(fn: object, cfg: SlimeArgs, flag: str, path: str) -> Non
 
 
 def _plugin_paths(cfg: SlimeArgs) -> list[tuple[str, str, str]]:
-    """`(field, flag, import path)` of every plugin the config names (`--rollout-sample-hook-path` holds a list)."""
+    """`(field, flag, import path)` of every plugin the config names (`--rollout-sample-hook-path` holds a list).
+
+    An `--eval-config` dataset's own generate and reward functions are included (its flag names the dataset).
+    """
     from slime_core.config.base import field_to_flag
 
     out = []
@@ -137,6 +140,16 @@ def _plugin_paths(cfg: SlimeArgs) -> list[tuple[str, str, str]]:
         for path in value if isinstance(value, list) else [value]:
             if path:
                 out.append((name, field_to_flag(name), path))
+    if cfg.eval_config:
+        # A dataset's own generate and reward functions (the original's per-dataset overrides): a wrong path failed
+        # only at the first eval, after --eval-interval rollouts of training with --skip-eval-before-train.
+        from slime_rollout.generation.eval import eval_datasets
+
+        for dataset in eval_datasets(cfg):
+            for name in ("custom_generate_function_path", "custom_rm_path"):
+                if dataset[name]:
+                    out.append((name, f"--eval-config {cfg.eval_config} dataset {dataset['name']!r} {name}",
+                                dataset[name]))  # fmt: skip
     return out
 
 
