@@ -589,3 +589,19 @@ def test_a_pg_loss_reducer_factory_is_called_once_with_the_tis_function_s_masks(
 
     assert count_reducer.CALLS == [[[0.0, 1.0], [1.0]]]
     assert loss.item() == pytest.approx(-2.0, abs=ATOL)  # pg -1 per token over the two tokens kept
+
+
+def test_a_tis_function_that_rejects_tokens_in_place_has_them_left_out_as_in_the_original(tmp_path, monkeypatch):
+    # The original rebuilds the reducer from the masks the TIS function returns, whatever object they are; one that
+    # zeroed the masks it was given in place and returned them was read here as "no token rejected" (the masks were
+    # compared by identity), so the rejected token stayed in the loss.
+    source = (
+        "def tis(args, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths):\n"
+        "    loss_masks[0][0] = 0.0  # reject one token, in place\n"
+        "    return pg_loss, loss_masks, {}\n"
+    )
+    loss, _ = _two_sample_actor_loss(
+        tmp_path, monkeypatch, "inplace_tis", source, custom_tis_function_path="inplace_tis.tis"
+    )
+    # pg -1 per token; sample 0 keeps one token over its denominator 2 -> -0.5; sample 1 -> -1
+    assert loss.item() == pytest.approx(-1.5, abs=ATOL)

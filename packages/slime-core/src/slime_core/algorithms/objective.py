@@ -284,11 +284,12 @@ def compute_actor_loss(
         if cfg.custom_tis_function_path:
             out = _checked_tis_output(out, f"--custom-tis-function-path {cfg.custom_tis_function_path}", lengths)
         pg_tok, new_masks, tis_metrics = out
-        if new_masks is not loss_masks:
-            # Rejected tokens leave the numerators; the denominators stay the rollout's mask sums.
-            mask = concat_per_sample("modified loss_masks", new_masks, lengths)
-            reduce = default_reducer(per_token, lengths, mask, loss_denominators)
-            pg_masks = new_masks
+        # Rejected tokens leave the numerators; the denominators stay the rollout's mask sums. Rebuilt from what it
+        # returned whatever object that is, as the original does: masks zeroed in place and returned were taken for
+        # unchanged (compared by identity), so the tokens they rejected stayed in the loss.
+        mask = concat_per_sample("modified loss_masks", new_masks, lengths)
+        reduce = default_reducer(per_token, lengths, mask, loss_denominators)
+        pg_masks = new_masks
         if cfg.get_mismatch_metrics and "mis_kl" not in tis_metrics:
             # A TIS function without them (token TIS, a user's own): add the helper's, under its names.
             gap = mismatch_metrics(list(trainer.split(lengths)), list(roll.split(lengths)), loss_masks)
