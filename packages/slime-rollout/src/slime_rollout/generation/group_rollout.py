@@ -159,6 +159,22 @@ def _validated(sample: Sample, what: str, *, trained: bool = True) -> Sample:
     return sample
 
 
+def _keep_place(given: Sample, result: Sample | list[Sample]) -> None:
+    """Gives a Sample a generate function built afresh the `group_index` and `index` it left unset, from `given`.
+
+    The original groups a rollout's rewards by position (n consecutive samples), so a generate function may return a
+    new `Sample(...)` without them (the tau-bench example sets only `index`); here groups are told by `group_index`,
+    and a fresh sample among given ones failed the rollout as "samples [None] have no group_index while others have
+    one", naming neither the function nor the prompt.
+    """
+    for out in result if isinstance(result, list) else [result]:
+        if out is not given:
+            if out.group_index is None:
+                out.group_index = given.group_index
+            if out.index is None:
+                out.index = given.index
+
+
 def checked_groups(groups: Any, what: str, group_size: int) -> list[list[Sample]]:
     """A data source's `get_samples` value as groups: a list of lists of `group_size` `Sample`s.
 
@@ -248,6 +264,7 @@ async def generate_and_rm(
                 result = await call_plugin_with_deadline(fn, args, sample, params, what=what, **plugin_bounds(args),
                                                          **kwargs)  # fmt: skip
                 result = _checked_output(result, what, fan_out=True, trained=not state.evaluation)
+                _keep_place(sample, result)
     if isinstance(result, list):
         result = [await _run_hooks(args, s, state) for s in result]
     elif not finished:
