@@ -105,6 +105,28 @@ def test_plugin_paths_resolve_before_anything_starts(tmp_path, monkeypatch):
         preflight(_args(data, "--dynamic-sampling-filter-path", "pf_nope.keep"))
 
 
+def test_an_eval_config_dataset_s_own_plugins_resolve_before_anything_starts(tmp_path, monkeypatch):
+    # Reproducer: a dataset's `custom_rm_path: nope_mod.rm` passed the dry run; the run stopped at its first eval
+    # (with --skip-eval-before-train, after --eval-interval rollouts of training).
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    _plugin_module(tmp_path, monkeypatch, "pf_eval", "async def gen(args, sample):\n    pass\n")
+    config = tmp_path / "eval.yaml"
+
+    def eval_config(**paths):
+        entry = {"name": "toy", "path": str(data), "input_key": "prompt", "label_key": "label", **paths}
+        config.write_text(json.dumps({"eval": {"datasets": [entry]}}))  # JSON is YAML
+        return _args(data, "--eval-config", str(config), "--rm-type", "math")
+
+    where = f"--eval-config {config} dataset 'toy'"
+    with pytest.raises(ImportError, match=re.escape(f"{where} custom_rm_path: module 'nope_mod' not found")):
+        preflight(eval_config(custom_rm_path="nope_mod.rm"))
+    with pytest.raises(ImportError, match=re.escape(
+        f"{where} custom_generate_function_path pf_eval.gen: its signature (args, sample) cannot take the run's call"
+    )):  # fmt: skip
+        preflight(eval_config(custom_generate_function_path="pf_eval.gen"))
+
+
 @pytest.mark.parametrize(
     ("flag", "body", "message"),
     [
@@ -161,6 +183,52 @@ def test_plugin_signatures_are_checked_against_the_runs_call(tmp_path, monkeypat
     else:
         with pytest.raises(ImportError, match=message):
             preflight(_args(data, flag, "pf_sig.gen", *extra))
+
+
+@pytest.mark.parametrize(
+    ("flag", "body"),
+    [
+        ("--custom-advantage-function-path", "async def gen(args, rollout_data):\n    pass\n"),
+        ("--custom-reward-post-process-path", "async def gen(args, samples):\n    return [], []\n"),
+        ("--custom-loss-function-path", "async def gen(args, batch, logits, sum_of_sample_mean):\n    pass\n"),
+        ("--custom-tis-function-path", "async def gen(args, pg_loss, **kw):\n    pass\n"),
+        ("--custom-pg-loss-reducer-function-path", "async def gen(a, b, c, d):\n    pass\n"),
+        ("--buffer-filter-path", "async def gen(args, rollout_id, buffer, num_samples):\n    pass\n"),
+    ],
+)
+def test_an_async_plugin_the_run_calls_synchronously_is_one_line(tmp_path, monkeypatch, flag, body):
+    # Reproducer: an `async def` advantage function passed preflight; the first train step failed with
+    # "did not set rollout_data['advantages']" (its coroutine never ran) and a "never awaited" warning.
+    import sys
+
+    from slime_core.plugins import forget_loaded_plugins
+
+    sys.modules.pop("pf_async", None)
+    forget_loaded_plugins()
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    _plugin_module(tmp_path, monkeypatch, "pf_async", body)
+    extra = ("--use-tis",) if "tis" in flag else ("--loss-type", "custom_loss") if "loss-function" in flag else ()
+    with pytest.raises(ImportError, match=re.escape(
+        f"{flag} pf_async.gen: it is an async def, but the run calls it synchronously and uses its value at once (as "
+        "the original does): make it a plain def"
+    )):  # fmt: skip
+        preflight(_args(data, flag, "pf_async.gen", *extra))
+
+
+def test_async_plugins_the_run_awaits_pass(tmp_path, monkeypatch):
+    import sys
+
+    from slime_core.plugins import forget_loaded_plugins
+
+    sys.modules.pop("pf_awaited", None)
+    forget_loaded_plugins()
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    body = "async def filt(args, samples):\n    return True\nasync def log(rollout_id, args, s, m, t):\n    pass\n"
+    _plugin_module(tmp_path, monkeypatch, "pf_awaited", body)
+    preflight(_args(data, "--dynamic-sampling-filter-path", "pf_awaited.filt", "--rollout-sample-filter-path",
+                    "pf_awaited.filt", "--custom-rollout-log-function-path", "pf_awaited.log"))  # fmt: skip
 
 
 @pytest.mark.parametrize("reducer", ["slime_core.algorithms.drgrpo", "slime_core.algorithms.reducers.drgrpo"])

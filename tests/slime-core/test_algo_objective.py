@@ -559,3 +559,49 @@ def test_opsm_clipfrac_with_per_token_advantages_counts_the_share_of_a_sample_dr
             loss_denominators=[8.0, 8.0],
         )
         assert metrics["opsm_clipfrac"].item() == pytest.approx(expected, abs=ATOL), per_token
+
+
+_COUNTING_REDUCER = """
+import torch
+CALLS = []
+def reducer(total_lengths, response_lengths, loss_masks, per_token):
+    CALLS.append([m.tolist() for m in loss_masks])
+    mask = torch.cat(loss_masks)
+    return lambda x: (x * mask).sum()
+"""
+
+
+def test_a_pg_loss_reducer_factory_is_called_once_with_the_tis_function_s_masks(tmp_path, monkeypatch):
+    # The original calls the factory once per loss call, with the TIS function's modified masks under --use-tis
+    # (`pg_loss_masks = modified_response_masks`); it was also called with the batch's masks before the TIS function
+    # ran here, so a factory that counts or logs its calls saw two per micro-batch.
+    tis_source = (
+        "def tis(args, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths):\n"
+        "    masks = [m.clone() for m in loss_masks]\n"
+        "    masks[0][0] = 0.0\n"
+        "    return pg_loss, masks, {}\n"
+    )
+    (tmp_path / "once_tis.py").write_text(tis_source)
+    loss, _ = _two_sample_actor_loss(tmp_path, monkeypatch, "count_reducer", _COUNTING_REDUCER, use_tis=True,
+                                     custom_tis_function_path="once_tis.tis",
+                                     custom_pg_loss_reducer_function_path="count_reducer.reducer")  # fmt: skip
+    import count_reducer
+
+    assert count_reducer.CALLS == [[[0.0, 1.0], [1.0]]]
+    assert loss.item() == pytest.approx(-2.0, abs=ATOL)  # pg -1 per token over the two tokens kept
+
+
+def test_a_tis_function_that_rejects_tokens_in_place_has_them_left_out_as_in_the_original(tmp_path, monkeypatch):
+    # The original rebuilds the reducer from the masks the TIS function returns, whatever object they are; one that
+    # zeroed the masks it was given in place and returned them was read here as "no token rejected" (the masks were
+    # compared by identity), so the rejected token stayed in the loss.
+    source = (
+        "def tis(args, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths):\n"
+        "    loss_masks[0][0] = 0.0  # reject one token, in place\n"
+        "    return pg_loss, loss_masks, {}\n"
+    )
+    loss, _ = _two_sample_actor_loss(
+        tmp_path, monkeypatch, "inplace_tis", source, custom_tis_function_path="inplace_tis.tis"
+    )
+    # pg -1 per token; sample 0 keeps one token over its denominator 2 -> -0.5; sample 1 -> -1
+    assert loss.item() == pytest.approx(-1.5, abs=ATOL)

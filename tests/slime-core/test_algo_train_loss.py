@@ -115,7 +115,7 @@ def test_custom_loss_gets_original_signature_and_reducer(monkeypatch):
     assert float(metrics["n"]) == 3.0 and float(metrics["loss"]) == pytest.approx(3.0, abs=ATOL)
     assert all(not v.requires_grad for v in metrics.values())
     batch = seen["batch"]
-    assert seen["args"] is args and batch["advantages"] is None
+    assert seen["args"].to_dict() == args.to_dict() and batch["advantages"] is None
     assert batch["response_lengths"] == [3, 1, 2] and batch["total_lengths"] == [5, 3, 4]
     assert batch["log_probs"] is b["old_log_probs"] and batch["tokens"] is b["tokens"]
     total.backward()
@@ -160,3 +160,15 @@ def test_needs_old_log_probs():
     assert needs_old_log_probs(_args(loss_type="custom_loss"))
     assert not needs_old_log_probs(_args(loss_type="sft_loss"))
     assert needs_old_log_probs(_args(loss_type="sft_loss", kl_coef=0.1))  # reward-shaping KL reads them
+
+
+def test_a_trainer_hook_may_keep_state_on_args_as_on_the_original_namespace(monkeypatch):
+    # Reproducer: without --custom-config-path a custom loss got the frozen config, and `args.calls = ...` (the
+    # original's args is a plain Namespace) failed with pydantic's "Instance is frozen".
+    def loss(args, batch, logits, sum_of_sample_mean):
+        args.calls = getattr(args, "calls", 0) + 1
+        return -sum_of_sample_mean(torch.cat(logits["log_probs"])), {"calls": args.calls}
+
+    args = _args(loss_type="custom_loss", custom_loss_function_path=_register(monkeypatch, "custom_loss_state", loss))
+    calls = [float(compute_train_loss(args, LossInputs(**_inputs()))[1]["calls"]) for _ in range(2)]
+    assert calls == [1.0, 2.0] and not hasattr(args, "calls")

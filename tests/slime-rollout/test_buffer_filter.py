@@ -94,3 +94,19 @@ def test_the_default_takes_the_oldest_groups_and_the_original_pop_first_is_the_s
     buffer = [[Sample(index=0)], [Sample(index=1)], [Sample(index=2)]]
     assert [g[0].index for g in pop_first(None, None, buffer, 2)] == [0, 1]
     assert [g[0].index for g in buffer] == [2]
+
+
+def raising_filter(args, rollout_id, buffer, num_samples):
+    return {g[0].index: g for g in buffer}[99]  # a bug in the user's filter
+
+
+def test_a_buffer_filter_that_raises_keeps_its_error_and_names_the_flag_and_the_buffer(tmp_path):
+    # Reproducer: its KeyError reached the rollout noted "(raised by RolloutDataSourceWithBuffer.get_samples(2) ...)",
+    # naming the data source but not the --buffer-filter-path function that raised.
+    source = _source(tmp_path, "raising_filter")
+    with pytest.raises(KeyError) as raised:
+        source.get_samples(2)
+    assert raised.value.__notes__ == [
+        f"(raised by --buffer-filter-path {__name__}.raising_filter on the buffer's groups of samples [0, 1], [2, 3], "
+        "[4, 5], asked for 2)"
+    ]

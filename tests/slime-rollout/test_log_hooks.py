@@ -109,13 +109,20 @@ def test_eval_hook(skip_default, expected):
     }
 
 
-def test_hook_not_called_on_replayed_dumps_and_bad_path_names_the_flag(tmp_path):
+def test_hook_called_on_replayed_dumps_and_bad_path_names_the_flag(tmp_path):
+    # The original's log_rollout_data calls the custom function before it checks --load-debug-rollout-data (then it
+    # logs nothing of its own); it was not called here on a replay, so its metrics were silently missing.
     from slime_rollout.runtime.debug_dump import save_debug_rollout_data
 
     dump = str(tmp_path / "d_{rollout_id}.pt")
-    save_debug_rollout_data(_args(save_debug_rollout_data=dump), 0, [Sample(index=0, group_index=0)])
+    samples = [Sample(index=0, group_index=0, reward=1.0), Sample(index=1, group_index=0, reward=0.0)]
+    save_debug_rollout_data(_args(save_debug_rollout_data=dump), 0, samples)
+    assert run_rollout(_args(load_debug_rollout_data=dump), 0, None).metrics is None
     args = _args(load_debug_rollout_data=dump, custom_rollout_log_function_path=f"{__name__}.log_and_keep_default")
-    assert run_rollout(args, 0, None).metrics is None and CALLS == []
+    out = run_rollout(args, 0, None)
+    assert out.metrics == {"custom/acc": 0.25}
+    assert [(c[0], c[1], c[2], c[3]) for c in CALLS] == [(0, args, [0, 1], {})] and CALLS[0][4] >= 0.0
+    assert [[s.index for s in g] for g in out.samples] == [[0, 1]]
     with pytest.raises(PluginError, match="--custom-rollout-log-function-path"):
         run_rollout(_args(custom_rollout_log_function_path=f"{__name__}.missing"), 0, None)
 

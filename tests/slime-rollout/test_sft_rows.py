@@ -182,3 +182,26 @@ def test_step_loss_mask_0_or_1_passes(value):
     conversation = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "step_loss_mask": 1},
                     {"role": "assistant", "content": "B", "step_loss_mask": value}]  # fmt: skip
     assert conversation_problem(conversation, "qwen") is None
+
+
+def test_rollout_hooks_the_sft_rollout_never_calls_are_one_error(tmp_path, qwen3_tokenizer_dir):
+    # Reproducer: `--dynamic-sampling-filter-path`, `--rollout-sample-hook-path`, `--custom-rm-path`, ... with the SFT
+    # rollout passed the dry run and were never called (the SFT rollout tokenizes conversations; it generates, scores
+    # and filters nothing): a user's filter or reward silently had no effect.
+    data = _write(tmp_path / "sft.jsonl", GOOD)
+    hooks = ("--dynamic-sampling-filter-path", "os.path.join", "--rollout-sample-hook-path", "os.path.join",
+             "--custom-rm-path", "os.path.join")  # fmt: skip
+    errors = [e for e in _errors(_cfg(data, qwen3_tokenizer_dir, *hooks)) if "never calls" in e]
+    assert errors == [
+        "--dynamic-sampling-filter-path, --custom-rm-path, --rollout-sample-hook-path with --rollout-function-path "
+        "slime.rollout.sft_rollout.generate_rollout: the SFT rollout generates nothing, so it never calls them (nor "
+        "does the original's); drop them"
+    ]
+    # A generating eval function calls the per-sample hooks on the eval samples: only the training-only one is named.
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text(json.dumps({"input": "1+1=", "label": "2"}) + "\n")
+    generating = "slime.rollout.sglang_rollout.generate_rollout"
+    flags = ("--eval-prompt-data", "aime", str(evals), "--eval-input-key", "input", "--eval-label-key", "label",
+             "--rollout-max-response-len", "8", "--eval-function-path", generating)  # fmt: skip
+    errors = [e for e in _errors(_cfg(data, qwen3_tokenizer_dir, *hooks, *flags)) if "never calls" in e]
+    assert [e.split(" with ")[0] for e in errors] == ["--dynamic-sampling-filter-path"]

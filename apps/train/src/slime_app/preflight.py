@@ -63,6 +63,15 @@ PLUGIN_CALLS: dict[str, tuple[int, tuple[str, ...], str]] = {
 }
 
 
+# Plugins the run calls synchronously and uses what they return at once, as the original does: an `async def` one
+# returned an un-awaited coroutine, refused later as a wrong value ("did not set rollout_data['advantages']", "must
+# return (raw_rewards, rewards)") with a "coroutine was never awaited" warning. The others are awaited when async.
+SYNC_ONLY = (
+    "buffer_filter_path", "custom_reward_post_process_path", "custom_loss_function_path",
+    "custom_advantage_function_path", "custom_tis_function_path", "custom_pg_loss_reducer_function_path",
+)  # fmt: skip
+
+
 # Keywords the run passes only to a plugin whose signature names them (the original's `_accepted_kwargs`): bound
 # when declared, so a keyword-only one without a default (drgrpo's `*, args`) is not refused.
 DECLARED_KEYWORDS: dict[str, tuple[str, ...]] = {
@@ -77,16 +86,22 @@ def check_plugin_call(fn: object, field: str, flag: str, path: str) -> None:
 
     A wrong signature otherwise surfaces mid-run as a TypeError inside a Ray worker. Callables without an
     introspectable signature (builtins) are not checked. The keywords of `DECLARED_KEYWORDS[field]` that the
-    signature names are bound too, as the run passes them.
+    signature names are bound too, as the run passes them. An `async def` plugin of a `SYNC_ONLY` field is refused.
 
     Raises:
-        slime_core.plugins.PluginError: the call cannot bind (message names the flag, path and both signatures).
+        slime_core.plugins.PluginError: the call cannot bind (message names the flag, path and both signatures), or
+            an `async def` plugin the run calls synchronously.
     """
     import inspect
 
     from slime_core.plugins import PluginError
 
     n_positional, keywords, shown = PLUGIN_CALLS[field]
+    if field in SYNC_ONLY and (inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)):
+        raise PluginError(
+            f"{flag} {path}: it is an async def, but the run calls it synchronously and uses its value at once (as "
+            "the original does): make it a plain def"
+        )
     try:
         signature = inspect.signature(fn)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -113,7 +128,10 @@ def check_plugin_config(fn: object, cfg: SlimeArgs, flag: str, path: str) -> Non
 
 
 def _plugin_paths(cfg: SlimeArgs) -> list[tuple[str, str, str]]:
-    """`(field, flag, import path)` of every plugin the config names (`--rollout-sample-hook-path` holds a list)."""
+    """`(field, flag, import path)` of every plugin the config names (`--rollout-sample-hook-path` holds a list).
+
+    An `--eval-config` dataset's own generate and reward functions are included (its flag names the dataset).
+    """
     from slime_core.config.base import field_to_flag
 
     out = []
@@ -122,6 +140,16 @@ def _plugin_paths(cfg: SlimeArgs) -> list[tuple[str, str, str]]:
         for path in value if isinstance(value, list) else [value]:
             if path:
                 out.append((name, field_to_flag(name), path))
+    if cfg.eval_config:
+        # A dataset's own generate and reward functions (the original's per-dataset overrides): a wrong path failed
+        # only at the first eval, after --eval-interval rollouts of training with --skip-eval-before-train.
+        from slime_rollout.generation.eval import eval_datasets
+
+        for dataset in eval_datasets(cfg):
+            for name in ("custom_generate_function_path", "custom_rm_path"):
+                if dataset[name]:
+                    out.append((name, f"--eval-config {cfg.eval_config} dataset {dataset['name']!r} {name}",
+                                dataset[name]))  # fmt: skip
     return out
 
 

@@ -253,7 +253,7 @@ def compute_actor_loss(
 
     per_token = cfg.calculate_per_token_loss
     reduce = default_reducer(per_token, lengths, mask, loss_denominators)
-    pg_reduce = _pg_reducer(cfg, total_lengths, lengths, loss_masks, reduce)
+    pg_masks = loss_masks  # what a custom pg reducer factory gets: the TIS function's masks once it ran
 
     name = policy_loss_name(cfg.advantage_estimator)
     pg_tok, clipfrac_tok, ppo_kl_tok = get_policy_loss(name)(
@@ -284,11 +284,12 @@ def compute_actor_loss(
         if cfg.custom_tis_function_path:
             out = _checked_tis_output(out, f"--custom-tis-function-path {cfg.custom_tis_function_path}", lengths)
         pg_tok, new_masks, tis_metrics = out
-        if new_masks is not loss_masks:
-            # Rejected tokens leave the numerators; the denominators stay the rollout's mask sums.
-            mask = concat_per_sample("modified loss_masks", new_masks, lengths)
-            reduce = default_reducer(per_token, lengths, mask, loss_denominators)
-            pg_reduce = _pg_reducer(cfg, total_lengths, lengths, new_masks, reduce)
+        # Rejected tokens leave the numerators; the denominators stay the rollout's mask sums. Rebuilt from what it
+        # returned whatever object that is, as the original does: masks zeroed in place and returned were taken for
+        # unchanged (compared by identity), so the tokens they rejected stayed in the loss.
+        mask = concat_per_sample("modified loss_masks", new_masks, lengths)
+        reduce = default_reducer(per_token, lengths, mask, loss_denominators)
+        pg_masks = new_masks
         if cfg.get_mismatch_metrics and "mis_kl" not in tis_metrics:
             # A TIS function without them (token TIS, a user's own): add the helper's, under its names.
             gap = mismatch_metrics(list(trainer.split(lengths)), list(roll.split(lengths)), loss_masks)
@@ -296,7 +297,8 @@ def compute_actor_loss(
         metrics.update({k: metric_reduce(v) for k, v in tis_metrics.items()})
         metrics["ois"] = metric_reduce(torch.exp((-ppo_kl_tok.detach()).clamp(-20.0, 20.0)))
 
-    pg_loss = pg_reduce(pg_tok)
+    # Built once, after the TIS function, as the original does: a factory that counts or logs its calls saw two.
+    pg_loss = _pg_reducer(cfg, total_lengths, lengths, pg_masks, reduce)(pg_tok)
     entropy_loss = reduce(concat_per_sample("entropy", entropy, lengths)) if entropy is not None else lp.new_zeros(())
     loss = pg_loss - cfg.entropy_coef * entropy_loss
     if cfg.use_kl_loss:

@@ -258,18 +258,31 @@ class PluginArgs(SlimeArgs):
         return cls.model_construct(**values)
 
 
-def plugin_view(config: SlimeArgs) -> SlimeArgs:
-    """What a trainer-side hook gets as `args`: `config`, or a `PluginArgs` view of it with extra attributes.
+# The views `plugin_view` handed out, newest last, each with the config it was built from (held, so its id is not
+# reused by another config while the entry lives). A handful: a process trains with one config (tests build many).
+_VIEWS: dict[int, tuple[SlimeArgs, PluginArgs]] = {}
+_MAX_VIEWS = 8
 
-    The extra attributes are the `--custom-config-path` keys that are not flags: the original sets them on its one
-    `args` namespace, which its trainer-side hooks get too.
+
+def plugin_view(config: SlimeArgs) -> SlimeArgs:
+    """What a trainer-side hook gets as `args`: one writable `PluginArgs` view of `config`, the same at every call.
+
+    As the original's one mutable `args` namespace: the `--custom-config-path` keys that are not flags are attributes,
+    and an attribute a hook sets (`args.my_cache = ...`) is there at its next call. The frozen config refused the
+    assignment ("Instance is frozen"), and a view built per call lost it. The config itself never changes.
 
     Args:
-        config: the run config (a `PluginArgs` is returned as it is).
+        config: the run config (a `PluginArgs`, or a plain namespace standing in for the config, is returned as it is).
     """
-    if isinstance(config, PluginArgs) or not config.custom_config:
+    if isinstance(config, PluginArgs) or not isinstance(config, SlimeArgs):
         return config
-    return PluginArgs.from_config(config)
+    held = _VIEWS.get(id(config))
+    if held is None or held[0] is not config:
+        held = (config, PluginArgs.from_config(config))
+        _VIEWS[id(config)] = held
+        while len(_VIEWS) > _MAX_VIEWS:
+            del _VIEWS[next(iter(_VIEWS))]
+    return held[1]
 
 
 def config_error_from_validation(error: ValidationError, *, where: Mapping[str, str] | None = None) -> ConfigError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from slime_core.error_text import preview
+from slime_core.hook_deadline import note_raised_by
 from slime_core.sample import Sample
 from slime_rollout.plugins import load_function
 
@@ -48,8 +49,15 @@ def take_from_buffer(args: SlimeArgs, buffer: list[list[Sample]], num_groups: in
     path = args.buffer_filter_path
     if not path:
         return pop_first(args, None, buffer, num_groups)
-    taken = load_function(path, flag="--buffer-filter-path")(args, None, buffer, num_groups)
+    fn = load_function(path, flag="--buffer-filter-path")
     where = f"--buffer-filter-path {path}"
+    try:
+        taken = fn(args, None, buffer, num_groups)
+    except Exception as e:
+        # The data source's caller names only the data source: say which function raised, on which groups.
+        groups = ", ".join(str([s.index for s in group]) for group in buffer[:5]) + (", ..." if len(buffer) > 5 else "")
+        note_raised_by(e, f"{where} on the buffer's groups of samples {groups}, asked for {num_groups}")
+        raise
     if not isinstance(taken, list | tuple):
         raise TypeError(
             f"{where} returned {type(taken).__name__} {preview(taken)}, not a list of groups (lists of Samples) "

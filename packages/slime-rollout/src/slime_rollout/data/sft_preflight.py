@@ -61,6 +61,7 @@ def sft_problems(cfg: SlimeArgs) -> list[Problem]:
                     "generating rollout (with engines)"
                 )
             )
+    found += _unread_hooks(cfg, evaluator=None if found else eval_function(cfg))
     if cfg.apply_chat_template:
         # The SFT rollout renders the conversation itself (and masks it by turn): a prompt the data source rendered
         # into text failed at the first rollout ("SFT needs a non-empty list of chat messages").
@@ -71,3 +72,37 @@ def sft_problems(cfg: SlimeArgs) -> list[Problem]:
             )
         )
     return found
+
+
+# The rollout-side hooks the SFT rollout never calls (the original's neither: it tokenizes the conversations it draws
+# and returns them). The first four are training-only; the last three an eval rollout with engines calls too.
+_TRAINING_HOOKS = {
+    "dynamic_sampling_filter_path": "--dynamic-sampling-filter-path",
+    "rollout_sample_filter_path": "--rollout-sample-filter-path",
+    "rollout_all_samples_process_path": "--rollout-all-samples-process-path",
+    "buffer_filter_path": "--buffer-filter-path",
+}
+_SAMPLE_HOOKS = {
+    "custom_generate_function_path": "--custom-generate-function-path",
+    "custom_rm_path": "--custom-rm-path",
+    "rollout_sample_hook_path": "--rollout-sample-hook-path",
+}
+
+
+def _unread_hooks(cfg: SlimeArgs, evaluator: tuple[str, object] | None) -> list[Problem]:
+    """One error naming the hook flags an SFT run would accept and never call (they were taken without a word).
+
+    A per-sample hook (generate, reward, sample hook) stays allowed where a generating eval function runs, which
+    calls it on the eval samples.
+    """
+    unread = [flag for field, flag in _TRAINING_HOOKS.items() if getattr(cfg, field)]
+    if evaluator is None or evaluator[1] is generate_sft_rollout:
+        unread += [flag for field, flag in _SAMPLE_HOOKS.items() if getattr(cfg, field)]
+    if not unread:
+        return []
+    return [
+        Problem(
+            message=f"{', '.join(unread)} with --rollout-function-path {cfg.rollout_function_path}: the SFT rollout "
+            "generates nothing, so it never calls them (nor does the original's); drop them"
+        )
+    ]

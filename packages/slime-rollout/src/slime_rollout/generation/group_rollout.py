@@ -159,6 +159,22 @@ def _validated(sample: Sample, what: str, *, trained: bool = True) -> Sample:
     return sample
 
 
+def _keep_place(given: Sample, result: Sample | list[Sample]) -> None:
+    """Gives a Sample a generate function built afresh the `group_index` and `index` it left unset, from `given`.
+
+    The original groups a rollout's rewards by position (n consecutive samples), so a generate function may return a
+    new `Sample(...)` without them (the tau-bench example sets only `index`); here groups are told by `group_index`,
+    and a fresh sample among given ones failed the rollout as "samples [None] have no group_index while others have
+    one", naming neither the function nor the prompt.
+    """
+    for out in result if isinstance(result, list) else [result]:
+        if out is not given:
+            if out.group_index is None:
+                out.group_index = given.group_index
+            if out.index is None:
+                out.index = given.index
+
+
 def checked_groups(groups: Any, what: str, group_size: int) -> list[list[Sample]]:
     """A data source's `get_samples` value as groups: a list of lists of `group_size` `Sample`s.
 
@@ -210,7 +226,7 @@ async def _run_hooks(args: SlimeArgs, sample: Sample, state: RolloutState) -> Sa
 async def generate_and_rm(
     args: SlimeArgs, sample: Sample, state: RolloutState, sampling_params: dict[str, Any] | None = None
 ) -> Sample | list[Sample]:
-    """Generates one sample (unless already finished), runs the sample hooks and scores it.
+    """Generates one sample and runs the sample hooks on it (neither for an already finished one), then scores it.
 
     Args:
         args: the plugin view; reads `custom_generate_function_path`, `rollout_sample_hook_path`, `group_rm`,
@@ -232,7 +248,8 @@ async def generate_and_rm(
         # Here, as in the original's generate_and_rm, so a custom generate function that continues the partial
         # response (not only the default one) trains on none of the older policy's tokens.
         mask_offpolicy_prefix(sample)
-    if not (sample.status in (Status.COMPLETED, Status.TRUNCATED) and sample.response_length > 0):
+    finished = sample.status in (Status.COMPLETED, Status.TRUNCATED) and sample.response_length > 0
+    if not finished:
         async with state.semaphore:
             if state.aborted:
                 sample.status = Status.ABORTED
@@ -247,9 +264,12 @@ async def generate_and_rm(
                 result = await call_plugin_with_deadline(fn, args, sample, params, what=what, **plugin_bounds(args),
                                                          **kwargs)  # fmt: skip
                 result = _checked_output(result, what, fan_out=True, trained=not state.evaluation)
+                _keep_place(sample, result)
     if isinstance(result, list):
         result = [await _run_hooks(args, s, state) for s in result]
-    else:
+    elif not finished:
+        # As the original: a finished sample from the partial-rollout buffer had its hooks run in the rollout that
+        # generated it (they ran again here, so a hook that appends or counts did it twice on those samples only).
         result = await _run_hooks(args, result, state)
     for s in result if isinstance(result, list) else [result]:
         if s.reward is not None:  # set by the generate function, a hook or an env: read it under the deadline

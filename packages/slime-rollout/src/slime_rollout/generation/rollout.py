@@ -475,7 +475,8 @@ def run_rollout(
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     """What the rollout manager calls: the configured rollout function plus debug dump/replay.
 
-    `--load-debug-rollout-data` replays a dump instead of generating (training rollouts only);
+    `--load-debug-rollout-data` replays a dump instead of generating (training rollouts only; only the
+    `--custom-rollout-log-function-path` metrics are reported for it, as in the original);
     `--rollout-function-path` / `--eval-function-path` replace the rollout function, which runs in a worker thread
     under `--rollout-timeout-secs` (the log functions under `--plugin-timeout-secs`); legacy bare return
     values are wrapped; `--save-debug-rollout-data` dumps the result; `--custom-rollout-log-function-path` /
@@ -497,8 +498,12 @@ def run_rollout(
         Exception: what the rollout function or a log function raised.
     """
     if not evaluation and args.load_debug_rollout_data:
+        start = time.perf_counter()
         samples = debug_dump.load_debug_rollout_data(args, rollout_id)
-        return RolloutFnTrainOutput(samples=debug_dump.regroup(samples), metrics=None)
+        # As the original's log_rollout_data: the custom log function sees a replayed rollout too (with no metrics of
+        # the rollout's own; it was skipped here, so a replay for the sake of its metrics logged none).
+        metrics = log_hooks.apply_rollout_log_function(args, rollout_id, samples, None, time.perf_counter() - start)
+        return RolloutFnTrainOutput(samples=debug_dump.regroup(samples), metrics=metrics)
     path, flag = args.rollout_function_path, "--rollout-function-path"
     if evaluation and args.eval_function_path:
         path, flag = args.eval_function_path, "--eval-function-path"
