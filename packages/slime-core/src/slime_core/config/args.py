@@ -90,6 +90,36 @@ class SlimeArgs(
         data = self.eval_prompt_data or []
         return list(zip(data[0::2], data[1::2], strict=True))
 
+    # The original's argparse stores its five `--disable-*` switches under the positive name (`dest=`, `store_false`):
+    # its plugins read `args.rollout_global_dataset` (the first line of its `generate_rollout[_async]`, which custom
+    # rollout functions are copied from), `args.rewards_normalization` and `args.grpo_std_normalization` (its reward
+    # post-processing), ... Here the field is the flag's own name; these read it under the original's.
+
+    @property
+    def rollout_global_dataset(self) -> bool:
+        """The original's name of `not --disable-rollout-global-dataset`."""
+        return not self.disable_rollout_global_dataset
+
+    @property
+    def compute_advantages_and_returns(self) -> bool:
+        """The original's name of `not --disable-compute-advantages-and-returns`."""
+        return not self.disable_compute_advantages_and_returns
+
+    @property
+    def grpo_std_normalization(self) -> bool:
+        """The original's name of `not --disable-grpo-std-normalization`."""
+        return not self.disable_grpo_std_normalization
+
+    @property
+    def rewards_normalization(self) -> bool:
+        """The original's name of `not --disable-rewards-normalization`."""
+        return not self.disable_rewards_normalization
+
+    @property
+    def wandb_random_suffix(self) -> bool:
+        """The original's name of `not --disable-wandb-random-suffix`."""
+        return not self.disable_wandb_random_suffix
+
     def megatron_flag(self, flag: str, default: Any = None) -> Any:
         """The value of a pass-through Megatron flag from `megatron_args`.
 
