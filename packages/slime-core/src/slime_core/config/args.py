@@ -21,6 +21,7 @@ from slime_core.config.cluster import ClusterArgs, EngineArgs, WeightSyncArgs
 from slime_core.config.mismatch import MismatchArgs
 from slime_core.config.monitoring import DebugArgs, EvalArgs, HealthArgs, LoggingArgs
 from slime_core.config.rollout import DataArgs, MultiTurnArgs, RewardArgs, RolloutArgs, SamplingArgs
+from slime_core.config.sglang_flags import sglang_flag_value
 from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, LoraArgs, OptimizerArgs
 from slime_core.config.validation import derive_and_validate
 from slime_core.estimators import get_estimator
@@ -249,6 +250,27 @@ class PluginArgs(SlimeArgs):
     """
 
     model_config = ConfigDict(extra="allow", frozen=False)
+
+    def __getattr__(self, name: str) -> Any:
+        """Extra attributes, then the original's `args.sglang_<field>` of a given `--sglang-<field>` flag.
+
+        The original's plugins read the engine flags as attributes (`getattr(args, "sglang_tool_call_parser", None)`
+        in its coding-agent example, `args.sglang_dp_size`); with no such attribute here the default was taken
+        silently although the flag was given. A flag not given stays absent (AttributeError, so `getattr`'s default
+        applies): SGLang's own defaults are not known here.
+        """
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]  # pydantic's: private and extra attributes
+        except AttributeError:
+            # From the instance's dict: a half-built instance (copy, unpickling) has no fields yet, and reading
+            # `self.sglang_args` there would come back here.
+            flags = self.__dict__.get("sglang_args")
+            if name.startswith("sglang_") and flags:
+                try:
+                    return sglang_flag_value(flags, name.removeprefix("sglang_"))
+                except KeyError:
+                    pass
+            raise
 
     @classmethod
     def from_config(
