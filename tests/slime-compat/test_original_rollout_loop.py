@@ -168,3 +168,12 @@ def test_a_rollout_function_written_as_the_originals_keeps_what_the_default_keep
     assert default_source.drawn == source.drawn
     drops = {k: v for k, v in ours.metrics.items() if k.startswith("rollout/dynamic_filter/")}
     assert drops == out.metrics
+
+
+def test_generate_state_reads_engine_flags_however_a_config_file_spells_them(engine, qwen3_tokenizer_dir):
+    # `sglang_args` keeps the keys as given: a config file's `enable-deterministic-inference` / `sglang-dp-size`
+    # were not read, so the group's seeds and the DP-rank counts were silently left out.
+    flags = {"enable-deterministic-inference": True, "sglang-dp-size": "2", "enable-dp-attention": True}
+    state = GenerateState(_args(qwen3_tokenizer_dir, sglang_args=flags, rollout_seed=7))
+    assert state.group_sampling_seeds == [7, 8]
+    assert state.dp_counts == [0, 0]
