@@ -67,12 +67,10 @@ class GenerateState(metaclass=SingletonMeta):
         self.processor = load_processor(args.hf_checkpoint)  # the geo3k multi-turn example's image prompts
         self.semaphore = asyncio.Semaphore(args.sglang_server_concurrency * num_engines(args))
         self.sampling_params: dict[str, Any] = build_sampling_params(args)
-        # By server field however the flag was spelled (a config file's `dp-size` missed `dp_size`).
-        engine_flags = sglang_fields(args.sglang_args)
+        engine_flags = sglang_fields(args.sglang_args)  # by server field: a config file's `dp-size` missed `dp_size`
         if engine_flags.get("enable_deterministic_inference"):
             self.group_sampling_seeds = [args.rollout_seed + j for j in range(args.n_samples_per_prompt)]
-        self.dp_counts = [0] * int(engine_flags.get("dp_size", 1) or 1)
-        self.dp_rank = 0
+        self.dp_counts, self.dp_rank = [0] * int(engine_flags.get("dp_size", 1) or 1), 0
         # One shared state per kind of rollout; `aborted` below is the flag of both.
         self._states = {
             evaluation: RolloutState(
