@@ -61,3 +61,30 @@ def test_pass_through_keys_are_read_by_their_server_field_however_spelled():
         "dtype": "bfloat16",
     }
     assert sglang_fields(None) == {}
+
+
+def test_plugins_read_given_engine_flags_as_the_originals_sglang_attributes():
+    # The original's coding-agent example reads `getattr(args, "sglang_tool_call_parser", None)`: with the flag given,
+    # it got None here (no such attribute) and its adapter parsed no tool call.
+    import copy
+    import pickle
+
+    from slime_core.config import PluginArgs
+
+    argv = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "1",
+            "--sglang-tool-call-parser", "qwen25", "--sglang-reasoning-parser", "qwen3",
+            "--sglang-enable-deterministic-inference", "--sglang-mem-fraction-static", "0.7",
+            "--sglang-max-running-requests", "64"]  # fmt: skip
+    config = parse_args(argv)
+    args = PluginArgs.from_config(config)
+    assert getattr(args, "sglang_tool_call_parser", None) == "qwen25"
+    assert getattr(args, "sglang_reasoning_parser", None) == "qwen3"
+    assert getattr(args, "sglang_enable_deterministic_inference", False) is True
+    assert args.sglang_mem_fraction_static == 0.7 and args.sglang_max_running_requests == 64  # numbers, as SGLang's
+    # A flag not given has no value here (SGLang's defaults are not known): the caller's default applies.
+    assert getattr(args, "sglang_dp_size", None) is None and not hasattr(args, "sglang_context_length")
+    with pytest.raises(AttributeError, match="sglang_context_length"):
+        args.sglang_context_length  # noqa: B018
+    # Fields keep their own values, and the view survives the copies plugins make of it (multi_agent deep-copies).
+    assert args.sglang_server_concurrency == config.sglang_server_concurrency and args.sglang_router_ip is None
+    assert copy.deepcopy(args).sglang_tool_call_parser == pickle.loads(pickle.dumps(args)).sglang_tool_call_parser

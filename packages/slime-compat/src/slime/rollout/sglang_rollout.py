@@ -17,6 +17,7 @@ from typing import Any
 
 from slime.utils.misc import SingletonMeta
 from slime.utils.processing_utils import load_processor
+from slime_core.config.sglang_flags import sglang_fields
 from slime_core.sample import Sample
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data.source import get_tokenizer
@@ -66,10 +67,10 @@ class GenerateState(metaclass=SingletonMeta):
         self.processor = load_processor(args.hf_checkpoint)  # the geo3k multi-turn example's image prompts
         self.semaphore = asyncio.Semaphore(args.sglang_server_concurrency * num_engines(args))
         self.sampling_params: dict[str, Any] = build_sampling_params(args)
-        if args.sglang_args.get("enable_deterministic_inference"):
+        engine_flags = sglang_fields(args.sglang_args)  # by server field: a config file's `dp-size` missed `dp_size`
+        if engine_flags.get("enable_deterministic_inference"):
             self.group_sampling_seeds = [args.rollout_seed + j for j in range(args.n_samples_per_prompt)]
-        self.dp_counts = [0] * int(args.sglang_args.get("dp_size", 1) or 1)
-        self.dp_rank = 0
+        self.dp_counts, self.dp_rank = [0] * int(engine_flags.get("dp_size", 1) or 1), 0
         # One shared state per kind of rollout; `aborted` below is the flag of both.
         self._states = {
             evaluation: RolloutState(

@@ -21,6 +21,7 @@ from slime_core.config.cluster import ClusterArgs, EngineArgs, WeightSyncArgs
 from slime_core.config.mismatch import MismatchArgs
 from slime_core.config.monitoring import DebugArgs, EvalArgs, HealthArgs, LoggingArgs
 from slime_core.config.rollout import DataArgs, MultiTurnArgs, RewardArgs, RolloutArgs, SamplingArgs
+from slime_core.config.sglang_flags import sglang_flag_value
 from slime_core.config.training import AlgorithmArgs, CheckpointArgs, FsdpArgs, LoraArgs, OptimizerArgs
 from slime_core.config.validation import derive_and_validate
 from slime_core.estimators import get_estimator
@@ -89,6 +90,36 @@ class SlimeArgs(
         """`--eval-prompt-data name path ...` as `[(name, path), ...]` (empty when unset)."""
         data = self.eval_prompt_data or []
         return list(zip(data[0::2], data[1::2], strict=True))
+
+    # The original's argparse stores its five `--disable-*` switches under the positive name (`dest=`, `store_false`):
+    # its plugins read `args.rollout_global_dataset` (the first line of its `generate_rollout[_async]`, which custom
+    # rollout functions are copied from), `args.rewards_normalization` and `args.grpo_std_normalization` (its reward
+    # post-processing), ... Here the field is the flag's own name; these read it under the original's.
+
+    @property
+    def rollout_global_dataset(self) -> bool:
+        """The original's name of `not --disable-rollout-global-dataset`."""
+        return not self.disable_rollout_global_dataset
+
+    @property
+    def compute_advantages_and_returns(self) -> bool:
+        """The original's name of `not --disable-compute-advantages-and-returns`."""
+        return not self.disable_compute_advantages_and_returns
+
+    @property
+    def grpo_std_normalization(self) -> bool:
+        """The original's name of `not --disable-grpo-std-normalization`."""
+        return not self.disable_grpo_std_normalization
+
+    @property
+    def rewards_normalization(self) -> bool:
+        """The original's name of `not --disable-rewards-normalization`."""
+        return not self.disable_rewards_normalization
+
+    @property
+    def wandb_random_suffix(self) -> bool:
+        """The original's name of `not --disable-wandb-random-suffix`."""
+        return not self.disable_wandb_random_suffix
 
     def megatron_flag(self, flag: str, default: Any = None) -> Any:
         """The value of a pass-through Megatron flag from `megatron_args`.
@@ -219,6 +250,27 @@ class PluginArgs(SlimeArgs):
     """
 
     model_config = ConfigDict(extra="allow", frozen=False)
+
+    def __getattr__(self, name: str) -> Any:
+        """Extra attributes, then the original's `args.sglang_<field>` of a given `--sglang-<field>` flag.
+
+        The original's plugins read the engine flags as attributes (`getattr(args, "sglang_tool_call_parser", None)`
+        in its coding-agent example, `args.sglang_dp_size`); with no such attribute here the default was taken
+        silently although the flag was given. A flag not given stays absent (AttributeError, so `getattr`'s default
+        applies): SGLang's own defaults are not known here.
+        """
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]  # pydantic's: private and extra attributes
+        except AttributeError:
+            # From the instance's dict: a half-built instance (copy, unpickling) has no fields yet, and reading
+            # `self.sglang_args` there would come back here.
+            flags = self.__dict__.get("sglang_args")
+            if name.startswith("sglang_") and flags:
+                try:
+                    return sglang_flag_value(flags, name.removeprefix("sglang_"))
+                except KeyError:
+                    pass
+            raise
 
     @classmethod
     def from_config(

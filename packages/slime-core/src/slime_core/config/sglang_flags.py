@@ -25,6 +25,7 @@ __all__ = [
     "managed_sglang_field",
     "sglang_field",
     "sglang_fields",
+    "sglang_flag_value",
 ]
 
 # ServerArgs fields slime computes itself (slime_rollout.engines.launch.sglang.build_sglang_command).
@@ -67,6 +68,30 @@ def sglang_field(key: str) -> str:
 def sglang_fields(sglang_args: Mapping[str, Any] | None) -> dict[str, Any]:
     """`sglang_args` keyed by field (`sglang_field`): `{"context-length": "40"}` -> `{"context_length": "40"}`."""
     return {sglang_field(k): v for k, v in (sglang_args or {}).items()}
+
+
+def sglang_flag_value(sglang_args: Mapping[str, Any] | None, field: str) -> Any:
+    """The value of the pass-through flag setting `field`, as the original's `args.sglang_<field>` holds it.
+
+    The original parses SGLang's flags with SGLang's own argparse types; here they are kept as given (command-line
+    strings). A number is given back as a number (`"2"` -> 2, `"0.7"` -> 0.7), so that `args.sglang_dp_size or 1`
+    multiplies and compares as there; a switch is True, a list stays a list, any other text is the text.
+
+    Args:
+        sglang_args: `SlimeArgs.sglang_args`.
+        field: the `ServerArgs` field (`tool_call_parser`).
+
+    Raises:
+        KeyError: the flag was not given (the original would hold SGLang's default, which this package does not know).
+    """
+    value = sglang_fields(sglang_args)[field]
+    if isinstance(value, str):
+        for number in (int, float):
+            try:
+                return number(value)
+            except ValueError:
+                pass
+    return value
 
 
 def _option_key(name: str) -> str:
