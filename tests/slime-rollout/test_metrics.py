@@ -236,3 +236,24 @@ def test_a_bad_metadata_raw_reward_names_the_sample(value):
         compute_rollout_metrics(_args(), [[s]], rollout_time=1.0)
     s.metadata["raw_reward"] = 0.25
     assert compute_rollout_metrics(_args(), [[s]], rollout_time=1.0)["rollout/raw_reward"] == 0.25
+
+
+def test_zero_std_counts_are_the_originals():
+    # The original's _compute_zero_std_metrics: groups whose rewards (get_reward_value) are all equal, keyed by
+    # str(round(r, 1)); a group of one counts (its GRPO advantage is 0); none under --advantage-estimator ppo.
+    # Here groups of one were skipped, a metadata raw_reward (what rollout/raw_reward shows) was compared instead of
+    # the reward the advantages use, and PPO runs wrote the counts.
+    shown = _sample(4, 0.0)
+    shown.metadata["raw_reward"] = 0.25  # logged as raw reward; the advantage uses reward 0.0
+    groups = [
+        [_sample(0, 1.0), _sample(1, 1.0)],  # equal: count_1.0
+        [_sample(2, 0.0), _sample(3, 1.0)],  # spread: not counted
+        [shown, _sample(5, 0.0)],  # equal rewards: count_0.0
+        [_sample(6, 0.0)],  # a group of one: count_0.0
+        [_sample(7, 0.04)],  # rounded to one decimal: count_0.0
+    ]
+    out = compute_rollout_metrics(_args(), groups, rollout_time=1.0)
+    zero_std = {k: v for k, v in out.items() if k.startswith("rollout/zero_std/")}
+    assert zero_std == {"rollout/zero_std/count_1.0": 1.0, "rollout/zero_std/count_0.0": 3.0}
+    ppo = compute_rollout_metrics(_args(advantage_estimator="ppo"), groups, rollout_time=1.0)
+    assert not any(k.startswith("rollout/zero_std/") for k in ppo)

@@ -42,6 +42,7 @@ __all__ = [
     "reward_value",
     "rollout_log_probs_mean",
     "top_p_kept_per_token",
+    "zero_std_counts",
 ]
 
 # The original's repetition test (`has_repetition`): the last 10,000 characters of a response longer than that
@@ -224,6 +225,30 @@ def rollout_log_probs_mean(samples: Sequence[Sample]) -> float | None:
     return total / len(set(rollout_keys(samples)))
 
 
+def zero_std_counts(groups: Sequence[Sequence[Any]], reward_key: str | None) -> dict[str, float]:
+    """The original's `rollout/zero_std/count_{r}`: groups whose rewards are all equal, by that reward.
+
+    As its `_compute_zero_std_metrics`: the reward the advantages use (`get_reward_value`, not a
+    `metadata["raw_reward"]` shown as `rollout/raw_reward`), `r` rounded to one decimal as `str(round(r, 1))`, and a
+    group of one sample counted (its GRPO advantage is 0 too). The caller leaves it out under a critic estimator
+    (the original: `--advantage-estimator ppo`), whose advantages do not come from the group's spread. A group with
+    an unscored sample is not counted (`rollout/num_reward_undecided` counts those samples).
+
+    Args:
+        groups: the accepted groups (nested lists of samples, as `flatten_groups` takes them).
+        reward_key: `--reward-key`.
+    """
+    counts: collections.Counter[str] = collections.Counter()
+    for group in groups:
+        members = flatten_groups([group])
+        if not members or any(s.reward is None for s in members):
+            continue
+        values = [s.get_reward_value(reward_key) for s in members]
+        if all(v == values[0] for v in values):
+            counts[str(round(values[0], 1))] += 1
+    return {f"rollout/zero_std/count_{value}": float(count) for value, count in counts.items()}
+
+
 def compute_rollout_metrics(
     cfg: SlimeArgs,
     groups: Sequence[Sequence[Any]],
@@ -234,10 +259,11 @@ def compute_rollout_metrics(
     """Scalar metrics of one training rollout.
 
     Args:
-        cfg: run config; reads `reward_key`, `rollout_num_gpus` (the `perf/*_per_gpu_*` divisor, at least 1),
-            `log_passrate`, `log_reward_category`, and for `rollout/rewards` the reward-normalization flags used
-            by `slime_core.train_data.postprocess_rewards`; with `custom_reward_post_process_path` set,
-            `rollout/rewards` is left to the caller that runs that plugin (it must run once per rollout).
+        cfg: run config; reads `reward_key`, `use_critic` (no `rollout/zero_std/*` then), `rollout_num_gpus`
+            (the `perf/*_per_gpu_*` divisor, at least 1), `log_passrate`, `log_reward_category`, and for
+            `rollout/rewards` the reward-normalization flags used by `slime_core.train_data.postprocess_rewards`;
+            with `custom_reward_post_process_path` set, `rollout/rewards` is left to the caller that runs that
+            plugin (it must run once per rollout).
         groups: the accepted groups.
         rollout_time: wall-clock seconds of the rollout.
         drop_counts: groups dropped by the dynamic filter, per reason.
@@ -260,14 +286,8 @@ def compute_rollout_metrics(
         # (slime_app.rollout_manager.rollout_batches), which logs `rollout/rewards` from that one call.
         if len(scored) == len(samples) and not cfg.custom_reward_post_process_path:
             metrics["rollout/rewards"] = statistics.fmean(postprocess_rewards(cfg, samples)[1])
-        zero_std = collections.Counter()
-        for group in groups:
-            members = flatten_groups([group])
-            values = [reward_value(s, reward_key) for s in members if s.reward is not None]
-            if len(values) == len(members) and len(values) > 1 and statistics.pstdev(values) == 0.0:
-                zero_std[round(values[0], 1)] += 1
-        for value, count in zero_std.items():
-            metrics[f"rollout/zero_std/count_{value}"] = float(count)
+        if not cfg.use_critic:
+            metrics.update(zero_std_counts(groups, reward_key))
         group_rewards = [[reward_value(s, reward_key) for s in flatten_groups([g])] for g in groups]
         if cfg.log_passrate and len(scored) == len(samples):
             if len({len(g) for g in group_rewards}) == 1:
