@@ -239,3 +239,20 @@ def test_an_aborted_share_that_falls_is_not_an_eval_score_that_fell():
         monitor.observe(r, {"rollout/raw_reward": 0.2 + 0.05 * (r - 9)})
     later = {"eval/gsm8k": 0.5, "eval/gsm8k-aborted_ratio": 0.1, "eval/gsm8k-pass@4": 0.9}
     assert monitor.observe_eval(20, later) == []
+
+
+@pytest.mark.parametrize(
+    ("nan_at", "override", "rule"),
+    [
+        ("r13", {"train/grad_norm": 20.0}, "grad_norm_spike"),  # the NaN in the middle of the rolling window
+        ("r1", {"train/entropy_loss": 0.1}, "entropy_collapse"),  # the NaN inside the warm-up baseline
+    ],
+)
+def test_a_nan_metric_does_not_blind_the_rules_that_follow(nan_at, override, rule):
+    # One NaN grad norm / entropy (the tracker warns about it) made statistics.median NaN over the window (here
+    # rollouts 12-14) or the warm-up: every later comparison with it was False, so the jump at rollout 15 went
+    # unreported (the warm-up's for the rest of the run).
+    nan = {"train/grad_norm": float("nan"), "train/entropy_loss": float("nan")}
+    monitor = InstabilityMonitor(_cfg(instability_window=3))
+    found = _stream(monitor, 16, **{nan_at: nan, "r15": override})
+    assert [(f.rule, f.rollout_id) for f in found] == [(rule, 15)]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -97,11 +98,14 @@ class InstabilityMonitor:
 
         Args:
             rollout_id: the rollout the metrics belong to.
-            metrics: its `rollout/*`, `train/*` metrics.
+            metrics: its `rollout/*`, `train/*` metrics; NaN and infinite values are checked but not kept.
         """
         hits = [hit for rule in self._rules for hit in rule(rollout_id, metrics)]
         for key, value in metrics.items():
-            if value is not None:
+            # A NaN or infinite value (the tracker warns about it) stays out of the baselines: one NaN grad norm made
+            # the rolling median NaN for the next --instability-window rollouts, and one in the warm-up made the
+            # entropy baseline NaN for the whole run, each rule then silently unable to fire.
+            if value is not None and math.isfinite(float(value)):
                 self.history[key].append((rollout_id, float(value)))
         return self._report(rollout_id, hits, scope="rollout")
 
