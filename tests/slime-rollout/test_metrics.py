@@ -257,3 +257,29 @@ def test_zero_std_counts_are_the_originals():
     assert zero_std == {"rollout/zero_std/count_1.0": 1.0, "rollout/zero_std/count_0.0": 3.0}
     ppo = compute_rollout_metrics(_args(advantage_estimator="ppo"), groups, rollout_time=1.0)
     assert not any(k.startswith("rollout/zero_std/") for k in ppo)
+
+
+def test_eval_dataset_gets_the_originals_per_sample_statistics():
+    # The original's log_eval_rollout_data writes compute_metrics_from_samples under eval/<name>/: besides the lengths,
+    # zero_std/count_<r> over the prompt groups (group_index) and, with --log-reward-category, error_cat/<c>. Here only
+    # the lengths, repetition_frac and truncated_ratio were written.
+    from slime_rollout.generation.eval import dataset_metrics
+
+    rewards = [{"score": 1.0, "err": "ok"}, {"score": 1.0, "err": "ok"}, {"score": 0.0, "err": "format"}, 0.0]
+    samples = [_sample(i, r) for i, r in enumerate(rewards)]
+    for s, group in zip(samples, (0, 0, 1, 1), strict=True):
+        s.group_index = group
+    samples[3].reward = {"score": 0.0}
+    args = _args(reward_key="score", log_reward_category="err")
+    result = {"rewards": [s.get_reward_value("score") for s in samples], "samples": samples}
+    out = dataset_metrics(args, "toy", result, 2)
+    assert out["eval/toy"] == 0.5
+    assert {k: v for k, v in out.items() if "/zero_std/" in k or "/error_cat/" in k} == {
+        "eval/toy/zero_std/count_1.0": 1.0,  # group 0: 1, 1
+        "eval/toy/zero_std/count_0.0": 1.0,  # group 1: 0, 0
+        "eval/toy/error_cat/ok": 0.5,
+        "eval/toy/error_cat/format": 0.25,
+        "eval/toy/error_cat/unknown": 0.25,
+    }
+    ppo = dataset_metrics(_args(reward_key="score", advantage_estimator="ppo"), "toy", result, 2)
+    assert not any("/zero_std/" in k or "/error_cat/" in k for k in ppo)

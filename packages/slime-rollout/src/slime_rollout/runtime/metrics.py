@@ -39,8 +39,10 @@ __all__ = [
     "non_generation_metrics",
     "pass_at_k",
     "response_metrics",
+    "reward_category_shares",
     "reward_value",
     "rollout_log_probs_mean",
+    "sample_set_metrics",
     "top_p_kept_per_token",
     "zero_std_counts",
 ]
@@ -249,6 +251,53 @@ def zero_std_counts(groups: Sequence[Sequence[Any]], reward_key: str | None) -> 
     return {f"rollout/zero_std/count_{value}": float(count) for value, count in counts.items()}
 
 
+def reward_category_shares(samples: Sequence[Sample], category_key: str, prefix: str) -> dict[str, float]:
+    """The original's `--log-reward-category` shares: `{prefix}error_cat/{category}` = share of the samples.
+
+    The category is the value of `category_key` in a sample's dict reward (e.g. an error type its reward function
+    reports); a reward that is not a dict, or a dict without the key, counts as `unknown` (the original fails there).
+
+    Args:
+        samples: at least one sample.
+        category_key: `--log-reward-category`.
+        prefix: e.g. `"rollout/"` or `"eval/gsm8k/"`.
+    """
+    categories = collections.Counter(
+        str(s.reward.get(category_key, "unknown")) if isinstance(s.reward, dict) else "unknown" for s in samples
+    )
+    return {f"{prefix}error_cat/{category}": count / len(samples) for category, count in categories.items()}
+
+
+def sample_set_metrics(
+    cfg: SlimeArgs, samples: Sequence[Sample], prefix: str, reward_key: str | None
+) -> dict[str, float]:
+    """The original's `compute_metrics_from_samples` under `prefix`, for an eval dataset's samples.
+
+    `response_metrics`, `zero_std_counts` over the groups of equal `group_index` (none under a critic estimator),
+    `--log-reward-category` shares and `top_p_kept_vocab_per_token`, as the original's `log_eval_rollout_data` writes
+    them under `eval/{name}/`.
+
+    Args:
+        cfg: run config; reads `use_critic`, `log_reward_category`.
+        samples: at least one sample.
+        prefix: e.g. `"eval/gsm8k/"`.
+        reward_key: the key of the samples' dict rewards (the eval's `--eval-reward-key`, else `--reward-key`).
+    """
+    metrics = response_metrics(samples, prefix)
+    if not cfg.use_critic:
+        groups: dict[Any, list[Sample]] = {}
+        for s in samples:
+            groups.setdefault(s.group_index, []).append(s)
+        counts = zero_std_counts(list(groups.values()), reward_key)
+        metrics.update({k.replace("rollout/", prefix, 1): v for k, v in counts.items()})
+    if cfg.log_reward_category:
+        metrics.update(reward_category_shares(samples, cfg.log_reward_category, prefix))
+    kept = top_p_kept_per_token(samples)
+    if kept is not None:
+        metrics[f"{prefix}top_p_kept_vocab_per_token"] = kept
+    return metrics
+
+
 def compute_rollout_metrics(
     cfg: SlimeArgs,
     groups: Sequence[Sequence[Any]],
@@ -294,14 +343,8 @@ def compute_rollout_metrics(
                 metrics.update({f"passrate/{k}": v for k, v in pass_at_k(group_rewards).items()})
             else:  # fan-out generate functions can make groups of different sizes
                 logger.warning("--log-passrate: groups of different sizes, pass@k skipped")
-    category_key = cfg.log_reward_category
-    if category_key:
-        # Share of samples per category of a dict reward (e.g. an error type the reward function reports).
-        categories = collections.Counter(
-            str(s.reward.get(category_key, "unknown")) if isinstance(s.reward, dict) else "unknown" for s in samples
-        )
-        for category, count in categories.items():
-            metrics[f"rollout/error_cat/{category}"] = count / len(samples)
+    if cfg.log_reward_category:
+        metrics.update(reward_category_shares(samples, cfg.log_reward_category, "rollout/"))
     # Samples that came back without a response token (a custom generate function, or no room left in the
     # context); the default rollout marks them remove_sample.
     metrics["rollout/num_empty_responses"] = float(
