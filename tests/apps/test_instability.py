@@ -256,3 +256,16 @@ def test_a_nan_metric_does_not_blind_the_rules_that_follow(nan_at, override, rul
     monitor = InstabilityMonitor(_cfg(instability_window=3))
     found = _stream(monitor, 16, **{nan_at: nan, "r15": override})
     assert [(f.rule, f.rollout_id) for f in found] == [(rule, 15)]
+
+
+def test_equal_rewards_in_groups_warn_only_where_they_zero_the_advantage():
+    # rollout/zero_std/count_* now counts groups of one sample too (as the original): under REINFORCE++ without a
+    # baseline (rewards not normalized per group) a run with --n-samples-per-prompt 1 has every group "zero std"
+    # though every advantage is the reward itself; the zero_advantage_groups rule fired on it at once.
+    all_groups = {"rollout/zero_std/count_0.0": 5.0, "rollout/zero_std/count_1.0": 3.0}  # 8 of 8 groups
+    plain = _stream(
+        InstabilityMonitor(_cfg(advantage_estimator="reinforce_plus_plus", normalize_advantages=True)), 6, r5=all_groups
+    )
+    assert plain == []
+    grpo = _stream(InstabilityMonitor(_cfg()), 6, r5=all_groups)
+    assert [(f.rule, f.rollout_id) for f in grpo] == [("zero_advantage_groups", 5)]
