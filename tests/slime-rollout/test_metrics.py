@@ -283,3 +283,18 @@ def test_eval_dataset_gets_the_originals_per_sample_statistics():
     }
     ppo = dataset_metrics(_args(reward_key="score", advantage_estimator="ppo"), "toy", result, 2)
     assert not any("/zero_std/" in k or "/error_cat/" in k for k in ppo)
+
+
+def test_round_number_is_the_originals_trainer_side_mean():
+    # The original's _convert_samples_to_train_data keeps metadata["round_number"] as a batch key and its
+    # log_rollout_data writes the mean of every such key: rollout/round_number (not written here before).
+    samples = [_sample(i, 1.0) for i in range(3)]
+    for s, rounds in zip(samples, (1, 2, 4), strict=True):
+        s.metadata["round_number"] = rounds
+    out = compute_rollout_metrics(_args(), [samples], rollout_time=1.0)
+    assert out["rollout/round_number"] == pytest.approx(7 / 3, abs=1e-12)
+    assert "rollout/round_number" not in compute_rollout_metrics(_args(), [[_sample(0, 1.0)]], rollout_time=1.0)
+    bad = _sample(5, 1.0)
+    bad.metadata["round_number"] = "two"
+    with pytest.raises(ValueError, match=r"^sample 5: metadata\['round_number'\] is 'two', not a number"):
+        compute_rollout_metrics(_args(), [[bad]], rollout_time=1.0)

@@ -7,8 +7,8 @@ log-prob over trainable tokens; the trainer's side logs `rollout/log_probs`), `r
 `perf/effective_tokens_per_gpu_per_sec`, `perf/longest_sample_tokens_per_sec`,
 `perf/longest_effective_sample_tokens_per_sec`, `perf/*non_generation*` (`non_generation_metrics`),
 `rollout/top_p_kept_vocab_per_token` (top-p replay),
-`rollout/num_empty_responses` (samples without a response token, not
-in the original); with `--log-passrate` `passrate/pass@{k}`, with `--log-reward-category KEY`
+`rollout/round_number` (samples whose metadata has one), `rollout/num_empty_responses` (samples without a response
+token, not in the original); with `--log-passrate` `passrate/pass@{k}`, with `--log-reward-category KEY`
 `rollout/error_cat/{category}`, with `--log-multi-turn` `multi_turn/...` (`multi_turn_metrics`). Source of the
 names: the original's `slime/observability/rollout_metrics.py` and `train_metric_utils.py`.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import numbers
 import statistics
 import zlib
 from collections.abc import Mapping, Sequence
@@ -124,6 +125,16 @@ def response_metrics(samples: Sequence[Sample], prefix: str, lengths: Sequence[i
         f"{prefix}repetition_frac": sum(has_repetition(s.response or "") for s in samples) / len(samples),
         f"{prefix}truncated_ratio": sum(s.status is Status.TRUNCATED for s in samples) / len(samples),
     }
+
+
+def _round_number(sample: Sample) -> float:
+    """`metadata["round_number"]` as a float, or ValueError naming the sample when it is not a number."""
+    value = sample.metadata["round_number"]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(
+            f"sample {sample.index}: metadata['round_number'] is {value!r}, not a number (rollout/round_number)"
+        )
+    return float(value)
 
 
 def _num_backend_errors(sample: Sample) -> int:
@@ -361,6 +372,10 @@ def compute_rollout_metrics(
     metrics.update(response_metrics(samples, "rollout/", lengths))
     if cfg.log_multi_turn:
         metrics.update(multi_turn_metrics(samples, cfg.rollout_max_response_len))
+    if all("round_number" in s.metadata for s in samples):
+        # The original's trainer-side `rollout/round_number`: its batch keeps metadata["round_number"] (its
+        # multi-turn examples set it) and log_rollout_data averages every such key over the samples.
+        metrics["rollout/round_number"] = statistics.fmean(_round_number(s) for s in samples)
     kept = top_p_kept_per_token(samples)
     if kept is not None:
         metrics["rollout/top_p_kept_vocab_per_token"] = kept
