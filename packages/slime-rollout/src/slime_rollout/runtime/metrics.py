@@ -44,6 +44,7 @@ __all__ = [
     "reward_value",
     "rollout_log_probs_mean",
     "sample_set_metrics",
+    "throughput_metrics",
     "top_p_kept_per_token",
     "zero_std_counts",
 ]
@@ -382,10 +383,34 @@ def compute_rollout_metrics(
     engine_log_probs = rollout_log_probs_mean(samples)
     if engine_log_probs is not None:
         metrics["rollout/rollout_log_probs"] = engine_log_probs
+    metrics.update(throughput_metrics(samples, rollout_time, cfg.rollout_num_gpus, lengths))
+    return metrics
+
+
+def throughput_metrics(
+    samples: Sequence[Sample], rollout_time: float, num_gpus: int | None, lengths: Sequence[int] | None = None
+) -> dict[str, float]:
+    """The original's `perf/*` of a rollout, every rate over the one `rollout_time` logged beside it.
+
+    `perf/rollout_time`, `perf/tokens_per_gpu_per_sec` (response tokens / s / GPU), `perf/effective_...` (trainable
+    tokens), `perf/longest_[effective_]sample_tokens_per_sec` and `non_generation_metrics`, as the original's
+    `compute_perf_metrics_from_samples` (its rates divide by the `rollout_time` it logs).
+
+    Args:
+        samples: the rollout's samples (none: `perf/rollout_time` only).
+        rollout_time: wall-clock seconds of the rollout.
+        num_gpus: `--rollout-num-gpus` (the per-GPU divisor, at least 1).
+        lengths: the samples' `effective_response_length`s (None: read here).
+    """
+    metrics = {"perf/rollout_time": float(rollout_time)}
+    if not samples:
+        return metrics
+    if lengths is None:
+        lengths = [s.effective_response_length for s in samples]
     if rollout_time > 0:
-        num_gpus = max(cfg.rollout_num_gpus or 1, 1)
-        metrics["perf/tokens_per_gpu_per_sec"] = sum(s.response_length for s in samples) / rollout_time / num_gpus
-        metrics["perf/effective_tokens_per_gpu_per_sec"] = sum(lengths) / rollout_time / num_gpus
+        per_gpu = rollout_time * max(num_gpus or 1, 1)
+        metrics["perf/tokens_per_gpu_per_sec"] = sum(s.response_length for s in samples) / per_gpu
+        metrics["perf/effective_tokens_per_gpu_per_sec"] = sum(lengths) / per_gpu
         metrics["perf/longest_sample_tokens_per_sec"] = max(s.response_length for s in samples) / rollout_time
         metrics["perf/longest_effective_sample_tokens_per_sec"] = max(lengths) / rollout_time
     metrics.update(non_generation_metrics(samples, rollout_time, lengths))
