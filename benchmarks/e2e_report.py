@@ -32,7 +32,7 @@ PHASES = (
 CURVES = ("train/critic-explained_variance", "train/critic-value_loss", "train/opd_reverse_kl")
 # Reported when the run logged them: the colocated swaps, the trainer's peak memory, the weight-sync check.
 EXTRA = (
-    "perf/engine_release_time", "perf/trainer_wake_up_time", "perf/trainer_sleep_time",
+    "perf/engine_release_time", "perf/wake_up_time", "perf/sleep_time",
     "perf/engine_resume_weights_time", "perf/engine_resume_kv_cache_time", "perf/train_peak_mem_gib",
     "perf/log_probs_time", "perf/actor_train_time", "perf/weight_check_time", "perf/compile_time",
     "perf/compiled_graphs", "perf/compile_cache_hits", "perf/compile_cache_misses", "perf/compile_warmup_wait_time",

@@ -29,7 +29,7 @@ def _rollout(**overrides):
         "perf/actor_train_time": 2.5,
         "perf/update_weights_time": 0.5,
         "perf/engine_release_time": 0.25,
-        "perf/trainer_sleep_time": 0.25,
+        "perf/sleep_time": 0.25,
         "perf/step_time": 10.0,
     }
     metrics.update(overrides)

@@ -239,3 +239,33 @@ def test_an_aborted_share_that_falls_is_not_an_eval_score_that_fell():
         monitor.observe(r, {"rollout/raw_reward": 0.2 + 0.05 * (r - 9)})
     later = {"eval/gsm8k": 0.5, "eval/gsm8k-aborted_ratio": 0.1, "eval/gsm8k-pass@4": 0.9}
     assert monitor.observe_eval(20, later) == []
+
+
+@pytest.mark.parametrize(
+    ("nan_at", "override", "rule"),
+    [
+        ("r13", {"train/grad_norm": 20.0}, "grad_norm_spike"),  # the NaN in the middle of the rolling window
+        ("r1", {"train/entropy_loss": 0.1}, "entropy_collapse"),  # the NaN inside the warm-up baseline
+    ],
+)
+def test_a_nan_metric_does_not_blind_the_rules_that_follow(nan_at, override, rule):
+    # One NaN grad norm / entropy (the tracker warns about it) made statistics.median NaN over the window (here
+    # rollouts 12-14) or the warm-up: every later comparison with it was False, so the jump at rollout 15 went
+    # unreported (the warm-up's for the rest of the run).
+    nan = {"train/grad_norm": float("nan"), "train/entropy_loss": float("nan")}
+    monitor = InstabilityMonitor(_cfg(instability_window=3))
+    found = _stream(monitor, 16, **{nan_at: nan, "r15": override})
+    assert [(f.rule, f.rollout_id) for f in found] == [(rule, 15)]
+
+
+def test_equal_rewards_in_groups_warn_only_where_they_zero_the_advantage():
+    # rollout/zero_std/count_* now counts groups of one sample too (as the original): under REINFORCE++ without a
+    # baseline (rewards not normalized per group) a run with --n-samples-per-prompt 1 has every group "zero std"
+    # though every advantage is the reward itself; the zero_advantage_groups rule fired on it at once.
+    all_groups = {"rollout/zero_std/count_0.0": 5.0, "rollout/zero_std/count_1.0": 3.0}  # 8 of 8 groups
+    plain = _stream(
+        InstabilityMonitor(_cfg(advantage_estimator="reinforce_plus_plus", normalize_advantages=True)), 6, r5=all_groups
+    )
+    assert plain == []
+    grpo = _stream(InstabilityMonitor(_cfg()), 6, r5=all_groups)
+    assert [(f.rule, f.rollout_id) for f in grpo] == [("zero_advantage_groups", 5)]

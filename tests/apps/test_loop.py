@@ -112,7 +112,7 @@ def test_each_weight_push_is_one_point_at_the_version_it_pushed(monkeypatch):
         run.step(rollout_id)
     points = run.tracker.points
     assert sorted({p for p in points if points.count(p) > 1}) == []
-    for key in ("perf/update_weights_time", "perf/trainer_sleep_time", "perf/engine_resume_kv_cache_time"):
+    for key in ("perf/update_weights_time", "perf/sleep_time", "perf/engine_resume_kv_cache_time"):
         assert [step for step, k in points if k == key] == [0, 1, 2, 3]
     assert [step for step, k in points if k == "perf/step_time"] == [0, 1, 2]
     # The step's goodput still counts its own push (its weight-sync time is that step's wall time).
@@ -125,9 +125,11 @@ def test_colocated_step_swaps_memory_around_training_and_times_each_swap(monkeyp
         ("got", 0), ("offload",), ("trainer.wake_up",), ("train", 0),
         ("onload", ["weights"]), ("update_weights", 1), ("trainer.sleep",), ("onload", ["kv_cache", "cuda_graph"]),
     ]  # fmt: skip
-    # Around training at the rollout; around the push at the weight version it pushed.
-    for step, swaps in ((0, {"perf/engine_release_time", "perf/trainer_wake_up_time"}),
-                        (1, {"perf/engine_resume_weights_time", "perf/trainer_sleep_time",
+    # Around training at the rollout; around the push at the weight version it pushed. The trainer's offload and onload
+    # have the original's names (its @timer'd sleep and wake_up: perf/sleep_time, perf/wake_up_time); they were
+    # perf/trainer_sleep_time and perf/trainer_wake_up_time, so a dashboard on the original's keys showed nothing.
+    for step, swaps in ((0, {"perf/engine_release_time", "perf/wake_up_time"}),
+                        (1, {"perf/engine_resume_weights_time", "perf/sleep_time",
                              "perf/engine_resume_kv_cache_time"})):  # fmt: skip
         assert swaps <= set(logged[step]) and all(logged[step][k] >= 0.0 for k in swaps)
 
@@ -155,7 +157,7 @@ def test_an_eval_config_alone_is_evaluated(monkeypatch, tmp_path):
 def test_colocated_side_that_is_not_offloaded_stays_resident(monkeypatch, flags, expected):
     events, logged = _run(monkeypatch, colocate=True, num_rollout=1, eval_prompt_data=None, **flags)
     assert events == expected
-    assert ("perf/trainer_sleep_time" in logged.get(1, {})) == flags.get("offload_train", True)  # with the push
+    assert ("perf/sleep_time" in logged.get(1, {})) == flags.get("offload_train", True)  # with the push
     assert ("perf/engine_release_time" in logged[0]) == flags.get("offload_rollout", True)
 
 

@@ -434,3 +434,39 @@ def test_a_dead_engine_under_fault_tolerance_is_restarted_when_the_engines_relea
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
         loop.call_soon_threadsafe(loop.stop)
+
+
+def slow_to_return_rollout(args, rollout_id, data_source, evaluation=False):
+    """Two samples of 3 and 5 response tokens; 0.3 s go by after its own metrics (as a dump or a plugin takes)."""
+    import time
+
+    from slime_core.sample import Sample, Status
+    from slime_rollout.base_types import RolloutFnTrainOutput
+    from slime_rollout.runtime.metrics import compute_rollout_metrics
+
+    group = [Sample(index=i, group_index=0, tokens=[1] * (2 + n), response_length=n, loss_mask=[1] * n, reward=1.0,
+                    status=Status.COMPLETED) for i, n in enumerate((3, 5))]  # fmt: skip
+    metrics = compute_rollout_metrics(args, [group], rollout_time=0.01)
+    time.sleep(0.3)
+    return RolloutFnTrainOutput(samples=[group], metrics=metrics)
+
+
+slow_to_return_rollout.computes_metrics = True  # its metrics are kept as they are, as the built-ins' are
+
+
+def test_the_rollout_rates_divide_by_the_logged_rollout_time():
+    # The original's compute_perf_metrics_from_samples divides its rates by the rollout_time it logs. Here the manager
+    # logged its own (whole) perf/rollout_time beside the function's rates over the function's shorter time: with
+    # 2 GPUs, 8 tokens gave 400 tokens/s/GPU over 0.01 s next to a perf/rollout_time of 0.3 s.
+    from slime_app.rollout_manager import RolloutManager
+
+    path = f"{__name__}.slow_to_return_rollout"
+    cfg = parse_args([*BASE, "--rollout-function-path", path, "--debug-rollout-only", "--n-samples-per-prompt", "2"])
+    manager = RolloutManager.__ray_metadata__.modified_class.__new__(RolloutManager.__ray_metadata__.modified_class)
+    manager.cfg, manager.args = cfg, plugin_args(cfg, EngineAddresses(urls=[]))
+    manager.data_source, manager.supervisor, manager.template_checks_left = None, None, 0
+    _, metrics = manager.generate(0)
+    seconds = metrics["perf/rollout_time"]
+    assert seconds >= 0.3
+    assert metrics["perf/tokens_per_gpu_per_sec"] == pytest.approx(8 / seconds / 2, rel=1e-9)
+    assert metrics["perf/longest_sample_tokens_per_sec"] == pytest.approx(5 / seconds, rel=1e-9)

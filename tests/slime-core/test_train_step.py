@@ -418,6 +418,13 @@ def test_opd_reverse_kl_in_advantages_and_metric(teacher_source):
     assert ("log_probs:teacher" in backend.calls) == (teacher_source == "backend")
     assert metrics["train/pg_loss"] == pytest.approx(-0.125, abs=ATOL)
     assert metrics["train/opd_reverse_kl"] == pytest.approx(0.25, abs=ATOL)
+    # The original's trainer-side rollout/teacher_log_probs and rollout/opd_reverse_kl (rollout_data keys it averages
+    # per rollout), absent before: teacher (-1.5 - 0.5)/2 = -1 and (-1 - 2)/2 = -1.5 → -1.25; reverse KL as above.
+    assert metrics["rollout/teacher_log_probs"] == pytest.approx(-1.25, abs=ATOL)
+    assert metrics["rollout/opd_reverse_kl"] == pytest.approx(0.25, abs=ATOL)
+    plain_batch = _batch(1)
+    plain, _ = train_on_rollout(_cfg(), FakeBackend(plain_batch), 0, plain_batch)
+    assert "rollout/teacher_log_probs" not in plain and "rollout/opd_reverse_kl" not in plain
 
 
 def test_opd_without_teacher_log_probs_fails_clearly():

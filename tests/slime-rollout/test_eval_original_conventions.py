@@ -39,11 +39,13 @@ async def test_aborted_eval_samples_are_left_out_counted_and_named(use_client, t
                  custom_generate_function_path=path, log_passrate=True)  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="slime_rollout.generation.eval"):
         out = await eval_rollout_async(args, 4)
-    # Samples 0 and 2 answered (reward 1), 1 and 3 aborted: pass@k is skipped, the groups are broken.
+    # Samples 0 and 2 answered (reward 1), 1 and 3 aborted: pass@k is skipped, the groups are broken; each prompt's
+    # one answer is a group of equal rewards (zero_std).
     assert out.metrics == {"eval/toy": 1.0, "eval/toy-truncated_ratio": 0.0, "eval/toy-aborted_ratio": 0.5,
                            "eval/toy/response_len/mean": 1.0, "eval/toy/response_len/median": 1.0,
                            "eval/toy/response_len/max": 1.0, "eval/toy/response_len/min": 1.0,
-                           "eval/toy/repetition_frac": 0.0, "eval/toy/truncated_ratio": 0.0}  # fmt: skip
+                           "eval/toy/repetition_frac": 0.0, "eval/toy/truncated_ratio": 0.0,
+                           "eval/toy/zero_std/count_1.0": 2.0}  # fmt: skip
     assert [s.index for s in out.data["toy"]["samples"]] == [0, 2] and out.data["toy"]["rewards"] == [1.0, 1.0]
     assert (f"eval 4: dataset toy: 2 of 4 samples came back ABORTED (from --custom-generate-function-path {path}, or "
             "the engine aborted them; samples [1, 3]); they are left out of eval/toy") in caplog.text  # fmt: skip
@@ -65,7 +67,8 @@ def test_a_built_in_eval_function_keeps_its_own_metrics(use_client, tmp_path, pa
     assert out.metrics == {"eval/toy": 1.0, "eval/toy-truncated_ratio": 0.0, "eval/toy-aborted_ratio": 0.5,
                            "eval/toy/response_len/mean": 1.0, "eval/toy/response_len/median": 1.0,
                            "eval/toy/response_len/max": 1.0, "eval/toy/response_len/min": 1.0,
-                           "eval/toy/repetition_frac": 0.0, "eval/toy/truncated_ratio": 0.0}  # fmt: skip
+                           "eval/toy/repetition_frac": 0.0, "eval/toy/truncated_ratio": 0.0,
+                           "eval/toy/zero_std/count_1.0": 2.0}  # fmt: skip
 
 
 @pytest.fixture

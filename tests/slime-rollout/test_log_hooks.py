@@ -22,7 +22,7 @@ def fixed_rollout(args, rollout_id, data_source, evaluation=False):
         data = {"toy": {"rewards": [1.0, 0.0], "truncated": [False, True], "samples": [Sample(index=7)]}}
         return RolloutFnEvalOutput(data=data, metrics={"eval/toy": 0.5})
     groups = [[Sample(index=0, reward=1.0), Sample(index=1, reward=0.0)]]
-    return RolloutFnTrainOutput(samples=groups, metrics={"rollout/raw_reward": 0.5, "perf/rollout_time": 2.0})
+    return RolloutFnTrainOutput(samples=groups, metrics={"rollout/raw_reward": 0.5, "rollout/tool_calls": 2.0})
 
 
 def log_and_keep_default(rollout_id, args, samples, rollout_extra_metrics, rollout_time):
@@ -58,7 +58,8 @@ def _clear_calls():
 
 
 # What run_rollout computes from fixed_rollout's samples (two empty responses, rewards 1 and 0), as the original's
-# log_rollout_data / log_eval_rollout_data do for any rollout function; the function's own entries win.
+# log_rollout_data / log_eval_rollout_data do for any rollout function; a computed entry wins over the function's own
+# of the same name, as there (`log_dict = {**extra}; log_dict |= computed`).
 TRAIN_DEFAULTS = {
     "rollout/raw_reward": 0.5, "rollout/rewards": 0.0, "rollout/num_empty_responses": 2.0,
     "rollout/env_failed_samples": 0.0, "rollout/env_backend_error_samples": 0.0,
@@ -74,9 +75,16 @@ EVAL_DEFAULTS = {
 }  # fmt: skip
 
 
+def _timed(metrics):
+    """`metrics` less `perf/rollout_time`, the function's measured wall time (checked to be one)."""
+    metrics = dict(metrics)
+    assert 0.0 <= metrics.pop("perf/rollout_time") < 60.0
+    return metrics
+
+
 def test_without_hook_metrics_pass_through():
     out = run_rollout(_args(), 3, None)
-    assert out.metrics == {**TRAIN_DEFAULTS, "rollout/raw_reward": 0.5, "perf/rollout_time": 2.0}
+    assert _timed(out.metrics) == {**TRAIN_DEFAULTS, "rollout/tool_calls": 2.0}
 
 
 def test_hook_sees_the_original_arguments_and_adds_metrics():
@@ -84,9 +92,33 @@ def test_hook_sees_the_original_arguments_and_adds_metrics():
     out = run_rollout(args, 3, None)
     ((rollout_id, seen_args, indices, metrics, rollout_time),) = CALLS
     assert rollout_id == 3 and seen_args is args and indices == [0, 1]
-    assert metrics == {**TRAIN_DEFAULTS, "rollout/raw_reward": 0.5, "perf/rollout_time": 2.0}
+    assert _timed(metrics) == {**TRAIN_DEFAULTS, "rollout/tool_calls": 2.0}
     assert isinstance(rollout_time, float) and rollout_time >= 0.0
-    assert out.metrics == {**TRAIN_DEFAULTS, "rollout/raw_reward": 0.5, "perf/rollout_time": 2.0, "custom/acc": 0.25}
+    assert _timed(out.metrics) == {**TRAIN_DEFAULTS, "rollout/tool_calls": 2.0, "custom/acc": 0.25}
+
+
+def clashing_rollout(args, rollout_id, data_source, evaluation=False):
+    """A rollout function whose own metrics reuse names the original computes from its output."""
+    if evaluation:
+        data = {"toy": {"rewards": [1.0, 0.0], "truncated": [False, True], "samples": [Sample(index=7)]}}
+        return RolloutFnEvalOutput(data=data, metrics={"eval/toy": 0.9, "eval/toy-truncated_ratio": 0.0, "eval/x": 3.0})
+    groups = [[Sample(index=0, reward=1.0), Sample(index=1, reward=0.0)]]
+    metrics = {"rollout/response_len/mean": 99.0, "rollout/truncated_ratio": 0.7, "rollout/tool_calls": 2.0}
+    return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+
+
+def test_computed_metrics_win_over_the_functions_own_of_the_same_name():
+    # The original's log_rollout_data: `log_dict = {**rollout_extra_metrics}` then `|=` the computed statistics;
+    # log_eval_rollout_data sets eval/<name> and eval/<name>-truncated_ratio over the function's extra metrics. Here
+    # the function's values were logged under those names (eval/toy 0.9 for a mean reward of 0.5).
+    path = f"{__name__}.clashing_rollout"
+    args = _args(rollout_function_path=path, eval_function_path=path)
+    out = _timed(run_rollout(args, 3, None).metrics)
+    assert out == {**TRAIN_DEFAULTS, "rollout/tool_calls": 2.0}
+    assert out["rollout/response_len/mean"] == 0.0 and out["rollout/truncated_ratio"] == 0.0
+    evaluated = run_rollout(args, 3, None, evaluation=True).metrics
+    assert evaluated == {**EVAL_DEFAULTS, "eval/toy": 0.5, "eval/x": 3.0}
+    assert evaluated["eval/toy-truncated_ratio"] == 0.5
 
 
 def test_hook_returning_true_replaces_the_default_metrics():

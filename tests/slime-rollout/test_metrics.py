@@ -236,3 +236,65 @@ def test_a_bad_metadata_raw_reward_names_the_sample(value):
         compute_rollout_metrics(_args(), [[s]], rollout_time=1.0)
     s.metadata["raw_reward"] = 0.25
     assert compute_rollout_metrics(_args(), [[s]], rollout_time=1.0)["rollout/raw_reward"] == 0.25
+
+
+def test_zero_std_counts_are_the_originals():
+    # The original's _compute_zero_std_metrics: groups whose rewards (get_reward_value) are all equal, keyed by
+    # str(round(r, 1)); a group of one counts (its GRPO advantage is 0); none under --advantage-estimator ppo.
+    # Here groups of one were skipped, a metadata raw_reward (what rollout/raw_reward shows) was compared instead of
+    # the reward the advantages use, and PPO runs wrote the counts.
+    shown = _sample(4, 0.0)
+    shown.metadata["raw_reward"] = 0.25  # logged as raw reward; the advantage uses reward 0.0
+    groups = [
+        [_sample(0, 1.0), _sample(1, 1.0)],  # equal: count_1.0
+        [_sample(2, 0.0), _sample(3, 1.0)],  # spread: not counted
+        [shown, _sample(5, 0.0)],  # equal rewards: count_0.0
+        [_sample(6, 0.0)],  # a group of one: count_0.0
+        [_sample(7, 0.04)],  # rounded to one decimal: count_0.0
+    ]
+    out = compute_rollout_metrics(_args(), groups, rollout_time=1.0)
+    zero_std = {k: v for k, v in out.items() if k.startswith("rollout/zero_std/")}
+    assert zero_std == {"rollout/zero_std/count_1.0": 1.0, "rollout/zero_std/count_0.0": 3.0}
+    ppo = compute_rollout_metrics(_args(advantage_estimator="ppo"), groups, rollout_time=1.0)
+    assert not any(k.startswith("rollout/zero_std/") for k in ppo)
+
+
+def test_eval_dataset_gets_the_originals_per_sample_statistics():
+    # The original's log_eval_rollout_data writes compute_metrics_from_samples under eval/<name>/: besides the lengths,
+    # zero_std/count_<r> over the prompt groups (group_index) and, with --log-reward-category, error_cat/<c>. Here only
+    # the lengths, repetition_frac and truncated_ratio were written.
+    from slime_rollout.generation.eval import dataset_metrics
+
+    rewards = [{"score": 1.0, "err": "ok"}, {"score": 1.0, "err": "ok"}, {"score": 0.0, "err": "format"}, 0.0]
+    samples = [_sample(i, r) for i, r in enumerate(rewards)]
+    for s, group in zip(samples, (0, 0, 1, 1), strict=True):
+        s.group_index = group
+    samples[3].reward = {"score": 0.0}
+    args = _args(reward_key="score", log_reward_category="err")
+    result = {"rewards": [s.get_reward_value("score") for s in samples], "samples": samples}
+    out = dataset_metrics(args, "toy", result, 2)
+    assert out["eval/toy"] == 0.5
+    assert {k: v for k, v in out.items() if "/zero_std/" in k or "/error_cat/" in k} == {
+        "eval/toy/zero_std/count_1.0": 1.0,  # group 0: 1, 1
+        "eval/toy/zero_std/count_0.0": 1.0,  # group 1: 0, 0
+        "eval/toy/error_cat/ok": 0.5,
+        "eval/toy/error_cat/format": 0.25,
+        "eval/toy/error_cat/unknown": 0.25,
+    }
+    ppo = dataset_metrics(_args(reward_key="score", advantage_estimator="ppo"), "toy", result, 2)
+    assert not any("/zero_std/" in k or "/error_cat/" in k for k in ppo)
+
+
+def test_round_number_is_the_originals_trainer_side_mean():
+    # The original's _convert_samples_to_train_data keeps metadata["round_number"] as a batch key and its
+    # log_rollout_data writes the mean of every such key: rollout/round_number (not written here before).
+    samples = [_sample(i, 1.0) for i in range(3)]
+    for s, rounds in zip(samples, (1, 2, 4), strict=True):
+        s.metadata["round_number"] = rounds
+    out = compute_rollout_metrics(_args(), [samples], rollout_time=1.0)
+    assert out["rollout/round_number"] == pytest.approx(7 / 3, abs=1e-12)
+    assert "rollout/round_number" not in compute_rollout_metrics(_args(), [[_sample(0, 1.0)]], rollout_time=1.0)
+    bad = _sample(5, 1.0)
+    bad.metadata["round_number"] = "two"
+    with pytest.raises(ValueError, match=r"^sample 5: metadata\['round_number'\] is 'two', not a number"):
+        compute_rollout_metrics(_args(), [[bad]], rollout_time=1.0)

@@ -307,11 +307,17 @@ def test_eval_rollout_metrics(use_client, tmp_path):
     assert sorted(d["rewards"]) == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     assert out.metrics["eval/toy"] == pytest.approx(4 / 6, abs=1e-12)
     assert out.metrics["eval/toy-truncated_ratio"] == 1.0
-    # The original's per-sample statistics of the set (3 tokens each: cut at the budget).
+    # The original's per-sample statistics of the set (3 tokens each: cut at the budget), with the prompt groups
+    # whose two rewards are equal counted by reward (zero_std).
+    groups = {}
+    for s, r in zip(d["samples"], d["rewards"], strict=True):
+        groups.setdefault(s.group_index, []).append(r)
+    equal = [g[0] for g in groups.values() if g[0] == g[1]]
     assert {k: v for k, v in out.metrics.items() if k.startswith("eval/toy/")} == {
         **{f"eval/toy/response_len/{stat}": 3.0 for stat in ("mean", "median", "max", "min")},
         "eval/toy/repetition_frac": 0.0,
         "eval/toy/truncated_ratio": 1.0,
+        **{f"eval/toy/zero_std/count_{r}": float(equal.count(r)) for r in set(equal)},
     }
     assert all(p["sampling_params"]["temperature"] == 0.5 for p in client.payloads)
     assert rollout_mod.num_engines(args) == 1

@@ -65,15 +65,18 @@ def test_a_bare_output_gets_the_default_metrics():
     }
 
 
-def test_positional_outputs_and_the_function_s_own_metrics_win():
+def test_positional_outputs_and_the_computed_metrics_win():
     args = _args(rollout_function_path=f"{__name__}.positional_rollout", log_passrate=True,
                  n_samples_per_eval_prompt=2)  # fmt: skip
     train = run_rollout(args, 0, None)
-    assert train.metrics["rollout/raw_reward"] == 9.0 and train.metrics["custom/x"] == 1.0
-    assert train.metrics["rollout/response_len/mean"] == 2.5  # the defaults fill in what it did not report
+    # A computed entry wins over the function's own of the same name, as the original's log_rollout_data
+    # (`log_dict = {**rollout_extra_metrics}; log_dict |= computed`); its other entries are kept.
+    assert train.metrics["rollout/raw_reward"] == 0.5 and train.metrics["custom/x"] == 1.0
+    assert train.metrics["rollout/response_len/mean"] == 2.5
     evaluation = run_rollout(args, 0, None, evaluation=True)
-    # eval/gsm is the function's; pass@k over groups of --n-samples-per-eval-prompt 2: (1, 1) and (0, 1).
-    assert evaluation.metrics == {"eval/gsm": 0.5, "eval/extra": 2.0, "eval/gsm-pass@1": 0.75, "eval/gsm-pass@2": 1.0}
+    # eval/gsm is the mean reward (the original's log_eval_rollout_data sets it over the function's 0.5); pass@k over
+    # groups of --n-samples-per-eval-prompt 2: (1, 1) and (0, 1).
+    assert evaluation.metrics == {"eval/gsm": 0.75, "eval/extra": 2.0, "eval/gsm-pass@1": 0.75, "eval/gsm-pass@2": 1.0}
 
 
 def test_eval_rewards_that_are_not_numbers_are_one_error_naming_the_function_and_the_dataset():

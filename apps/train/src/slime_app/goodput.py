@@ -40,8 +40,8 @@ PHASES: dict[str, tuple[str, ...]] = {
     "weight_check": ("perf/weight_check_time",),
     "swap": (
         "perf/engine_release_time",
-        "perf/trainer_wake_up_time",
-        "perf/trainer_sleep_time",
+        "perf/wake_up_time",
+        "perf/sleep_time",
         "perf/engine_resume_weights_time",
         "perf/engine_resume_kv_cache_time",
     ),

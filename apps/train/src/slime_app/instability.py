@@ -19,13 +19,15 @@ Relative rules wait for `--instability-warmup` observations (their baseline); sp
 of the previous `--instability-window` values and ignore values under a small absolute floor (a KL of 1e-5
 jumping to 1e-4 is noise, not a jump). A rule warns when it starts firing and again only after it cleared, so
 a lasting condition is one warning, not one per rollout. `--stop-on-instability` turns the first warning into
-a stop (`slime_app.guards.RunStopped`).
+a stop (`slime_app.guards.RunStopped`). `zero_advantage_groups` applies to group-wise estimators only (GRPO, RLOO,
+...), where equal rewards in a group zero its advantages.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -33,6 +35,7 @@ from typing import Any
 
 from slime_app.tracking import is_eval_score
 from slime_core.config import SlimeArgs
+from slime_core.estimators import get_estimator
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +100,14 @@ class InstabilityMonitor:
 
         Args:
             rollout_id: the rollout the metrics belong to.
-            metrics: its `rollout/*`, `train/*` metrics.
+            metrics: its `rollout/*`, `train/*` metrics; NaN and infinite values are checked but not kept.
         """
         hits = [hit for rule in self._rules for hit in rule(rollout_id, metrics)]
         for key, value in metrics.items():
-            if value is not None:
+            # A NaN or infinite value (the tracker warns about it) stays out of the baselines: one NaN grad norm made
+            # the rolling median NaN for the next --instability-window rollouts, and one in the warm-up made the
+            # entropy baseline NaN for the whole run, each rule then silently unable to fire.
+            if value is not None and math.isfinite(float(value)):
                 self.history[key].append((rollout_id, float(value)))
         return self._report(rollout_id, hits, scope="rollout")
 
@@ -265,7 +271,10 @@ class InstabilityMonitor:
     def _zero_advantage_groups(self, rollout_id: int, metrics: Mapping[str, float]) -> list:
         limit = self.cfg.instability_zero_adv_group_frac
         counts = [v for k, v in metrics.items() if k.startswith("rollout/zero_std/count_")]
-        if not limit or not counts:
+        # Equal rewards in a group mean zero advantage only where rewards are normalized within the group (GRPO,
+        # RLOO, ...): REINFORCE++ without a baseline trains on them, and a group of one sample (counted, as the
+        # original counts it) is normal there.
+        if not limit or not counts or not get_estimator(self.cfg.advantage_estimator).group_wise:
             return []
         frac = sum(counts) / self.cfg.rollout_batch_size
         if frac <= limit:

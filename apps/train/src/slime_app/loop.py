@@ -403,7 +403,7 @@ class Run:
         if self.swap_engines:
             _timed(swap, "perf/engine_release_time", lambda: ray.get(self.manager.offload.remote()))
         if self.swap_trainer:
-            _timed(swap, "perf/trainer_wake_up_time", self.trainer.wake_up)
+            _timed(swap, "perf/wake_up_time", self.trainer.wake_up)
             self.restorer.trainer_awake = True
         t0 = time.perf_counter()
         train_metrics = self.trainer.train(rollout_id, batch_refs)
@@ -526,7 +526,7 @@ class Run:
         with weight_write_errors(self.cfg, weight_version):  # a full disk under a disk push: one line, exit 5
             metrics = self._prefix("perf", self.restorer.push(weight_version))
         if self.swap_trainer:
-            _timed(swap, "perf/trainer_sleep_time", self.trainer.sleep)
+            _timed(swap, "perf/sleep_time", self.trainer.sleep)
             self.restorer.trainer_awake = False
         if self.swap_engines:
             _timed(swap, "perf/engine_resume_kv_cache_time",

@@ -366,6 +366,7 @@ class RolloutManager:
     def generate(self, rollout_id: int) -> tuple[list[ray.ObjectRef], dict[str, float]]:
         """Runs one training rollout; returns per-DP-rank batch refs and `rollout/*`, `perf/*` metrics."""
         from slime_rollout.generation.rollout import run_rollout
+        from slime_rollout.runtime.metrics import throughput_metrics
 
         args = self.args
         t0 = time.perf_counter()
@@ -373,7 +374,11 @@ class RolloutManager:
             out = run_rollout(args, rollout_id, self.data_source, evaluation=False)
         samples = _flatten(out.samples)
         metrics = dict(out.metrics or {})
-        metrics["perf/rollout_time"] = time.perf_counter() - t0
+        # The rollout's whole time, as the original's (its function, dumps and plugins), and the rates the function
+        # reported recomputed over that same time: they divided by its own shorter time, so rate x perf/rollout_time
+        # was not the rollout's tokens. (No rate is added where it reported none: a replayed dump, a log hook's own.)
+        rates = throughput_metrics(samples, time.perf_counter() - t0, self.cfg.rollout_num_gpus)
+        metrics.update({k: v for k, v in rates.items() if k in metrics or k == "perf/rollout_time"})
         if self.template_checks_left > 0:
             metrics.update(self._check_chat_template(samples))
         if self.supervisor is not None:

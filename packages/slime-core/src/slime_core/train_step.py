@@ -271,6 +271,16 @@ def _opd_reverse_kl(cfg: SlimeArgs, inputs: LossInputs, student, teacher) -> tor
     return reduce(diff).detach() if diff is not None else torch.zeros(())
 
 
+def _reverse_kls(student: list[torch.Tensor] | None, teacher: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+    """Per sample `student - teacher` (`[L_i]` float32): the original's `rollout_data["opd_reverse_kl"]`.
+
+    None without OPD (no teacher) or without old log-probs.
+    """
+    if student is None or teacher is None:
+        return None
+    return [s.float() - t.to(s.device).float() for s, t in zip(student, teacher, strict=True)]
+
+
 def entropy_has_grad(cfg: SlimeArgs) -> bool:
     """Whether the loss back-propagates through the entropy: `--entropy-coef` != 0 or a `custom_loss`.
 
@@ -391,8 +401,8 @@ def train_on_rollout(
         `train/global_batch_size` (the steps' rollout count, mean over steps) and
         `train/lr` (rate of the last step; also as the original's `train/lr-pg_0`); the original's trainer-side
         `rollout/log_probs`, `rollout/ref_log_probs`, `rollout/advantages`, `rollout/returns`, (PPO)
-        `rollout/values` and (`--kl-coef`) `rollout/kl` (per-rollout means over trainable tokens, averaged over
-        the rollouts);
+        `rollout/values`, (`--kl-coef`) `rollout/kl` and (`--use-opd`) `rollout/teacher_log_probs`,
+        `rollout/opd_reverse_kl` (per-rollout means over trainable tokens, averaged over the rollouts);
         `goodput/tokens_trained` and `goodput/tokens_zero_advantage`
         (trainable tokens with a non-zero / zero advantage, summed over DP ranks); `perf/log_probs_time`,
         `perf/ref_log_probs_time`, `perf/teacher_log_probs_time` (OPD), `perf/actor_train_time` (this rank's
@@ -443,6 +453,10 @@ def train_on_rollout(
         "values": values,
         # The reward-shaping KL the advantages used (`rollout/kl`), only with --kl-coef: without it it is all zeros.
         "kl": reward_kl(cfg, batch.loss_masks, old, ref) if cfg.kl_coef != 0 else None,
+        # OPD, as the original's rollout_data: the teacher's log-probs and the reverse KL the advantages used
+        # (student = the old log-probs, the rollout's with --use-rollout-logprobs).
+        "teacher_log_probs": teacher,
+        "opd_reverse_kl": _reverse_kls(old, teacher),
     }
     # One reduction over data-parallel ranks for the steps' metrics, the goodput counts, the rollout means and the
     # token counts of the FLOPs (the old log-probs are known only now).

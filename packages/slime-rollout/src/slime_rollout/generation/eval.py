@@ -44,7 +44,7 @@ from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_s
 from slime_rollout.generation.generate import build_sampling_params
 from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm, seeded_params
 from slime_rollout.runtime import async_utils
-from slime_rollout.runtime.metrics import flatten_groups, pass_at_k, response_metrics
+from slime_rollout.runtime.metrics import flatten_groups, pass_at_k, sample_set_metrics
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -453,7 +453,8 @@ def dataset_metrics(args: SlimeArgs, name: str, result: dict[str, Any], group_si
     """The `eval/*` metrics of one eval dataset's result, as the original's `log_eval_rollout_data` computes them.
 
     Args:
-        args: the plugin view; reads `log_passrate`.
+        args: the plugin view; reads `log_passrate`, `log_reward_category`, `use_critic`, `eval_reward_key`,
+            `reward_key`.
         name: the dataset's name.
         result: `{"rewards": [float], "truncated": [bool] (optional), "samples": [Sample] (optional)}`, non-empty
             rewards.
@@ -462,17 +463,21 @@ def dataset_metrics(args: SlimeArgs, name: str, result: dict[str, Any], group_si
 
     Returns:
         `eval/{name}` (mean reward), `eval/{name}-truncated_ratio`, `eval/{name}/response_len/{mean,median,max,min}`,
-        `eval/{name}/repetition_frac`, `eval/{name}/truncated_ratio` and with `--log-passrate` `eval/{name}-pass@{k}`,
-        each where the result has what it needs.
+        `eval/{name}/repetition_frac`, `eval/{name}/truncated_ratio`, `eval/{name}/zero_std/count_{r}` (not under a
+        critic estimator), with `--log-reward-category` `eval/{name}/error_cat/{c}`, with top-p replay
+        `eval/{name}/top_p_kept_vocab_per_token` and with `--log-passrate` `eval/{name}-pass@{k}`, each where the
+        result has what it needs.
     """
     rewards = result["rewards"]
     metrics = {f"eval/{name}": statistics.fmean(rewards)}
     if "truncated" in result and result["truncated"]:
         metrics[f"eval/{name}-truncated_ratio"] = statistics.fmean(map(float, result["truncated"]))
     if result.get("samples"):
-        # The original's per-sample statistics of the set: response_len/{mean,median,max,min}, repetition_frac,
-        # truncated_ratio (`compute_metrics_from_samples` under `eval/{name}/`).
-        metrics.update(response_metrics(result["samples"], f"eval/{name}/"))
+        # The original's per-sample statistics of the set (`compute_metrics_from_samples` under `eval/{name}/`):
+        # response_len/{mean,median,max,min}, repetition_frac, truncated_ratio, zero_std/count_<r> over the prompt
+        # groups, error_cat/<c> (--log-reward-category), top_p_kept_vocab_per_token.
+        key = _or(args.eval_reward_key, args.reward_key)
+        metrics.update(sample_set_metrics(args, result["samples"], f"eval/{name}/", key))
     if args.log_passrate:
         if group_size > 0 and len(rewards) % group_size == 0:
             groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]

@@ -517,13 +517,15 @@ def run_rollout(
     output = wrap_rollout_output(value, evaluation=evaluation, what=what)
     rollout_time = time.perf_counter() - start
     # The built-ins (marked `computes_metrics`) compute their metrics themselves; another function's are computed from
-    # its output as the original's log_rollout_data / log_eval_rollout_data do (the function's own entries win): they
-    # were left out, so a custom --eval-function-path returning {name: {"rewards", ...}} logged no eval/ curve.
+    # its output as the original's log_rollout_data / log_eval_rollout_data do: they were left out, so a custom
+    # --eval-function-path returning {name: {"rewards", ...}} logged no eval/ curve. As there, a computed entry wins
+    # over the function's own of the same name (`log_dict = {**extra}; log_dict |= computed`): a function's
+    # `eval/<name>` or `rollout/response_len/mean` replaced the original's value under the original's name.
     own = getattr(fn, "computes_metrics", False)
     if isinstance(output, RolloutFnEvalOutput):
         samples = _eval_samples(output.data, what)
         if not own:
-            output.metrics = {**_eval_metrics(args, output.data, what), **(output.metrics or {})}
+            output.metrics = {**(output.metrics or {}), **_eval_metrics(args, output.data, what)}
         output.metrics = log_hooks.apply_eval_log_function(args, rollout_id, output.data, output.metrics)
     else:
         samples = flatten_groups(output.samples, what, "samples")
@@ -532,7 +534,7 @@ def run_rollout(
         async_utils.run(score_teacher(args, samples))
         if not own:
             defaults = compute_rollout_metrics(args, output.samples, rollout_time=rollout_time)
-            output.metrics = {**defaults, **(output.metrics or {})}
+            output.metrics = {**(output.metrics or {}), **defaults}
         output.metrics = log_hooks.apply_rollout_log_function(args, rollout_id, samples, output.metrics, rollout_time)
     if args.save_debug_rollout_data:
         debug_dump.save_debug_rollout_data(args, rollout_id, samples, evaluation=evaluation)

@@ -7,8 +7,8 @@ log-prob over trainable tokens; the trainer's side logs `rollout/log_probs`), `r
 `perf/effective_tokens_per_gpu_per_sec`, `perf/longest_sample_tokens_per_sec`,
 `perf/longest_effective_sample_tokens_per_sec`, `perf/*non_generation*` (`non_generation_metrics`),
 `rollout/top_p_kept_vocab_per_token` (top-p replay),
-`rollout/num_empty_responses` (samples without a response token, not
-in the original); with `--log-passrate` `passrate/pass@{k}`, with `--log-reward-category KEY`
+`rollout/round_number` (samples whose metadata has one), `rollout/num_empty_responses` (samples without a response
+token, not in the original); with `--log-passrate` `passrate/pass@{k}`, with `--log-reward-category KEY`
 `rollout/error_cat/{category}`, with `--log-multi-turn` `multi_turn/...` (`multi_turn_metrics`). Source of the
 names: the original's `slime/observability/rollout_metrics.py` and `train_metric_utils.py`.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import numbers
 import statistics
 import zlib
 from collections.abc import Mapping, Sequence
@@ -39,9 +40,13 @@ __all__ = [
     "non_generation_metrics",
     "pass_at_k",
     "response_metrics",
+    "reward_category_shares",
     "reward_value",
     "rollout_log_probs_mean",
+    "sample_set_metrics",
+    "throughput_metrics",
     "top_p_kept_per_token",
+    "zero_std_counts",
 ]
 
 # The original's repetition test (`has_repetition`): the last 10,000 characters of a response longer than that
@@ -121,6 +126,16 @@ def response_metrics(samples: Sequence[Sample], prefix: str, lengths: Sequence[i
         f"{prefix}repetition_frac": sum(has_repetition(s.response or "") for s in samples) / len(samples),
         f"{prefix}truncated_ratio": sum(s.status is Status.TRUNCATED for s in samples) / len(samples),
     }
+
+
+def _round_number(sample: Sample) -> float:
+    """`metadata["round_number"]` as a float, or ValueError naming the sample when it is not a number."""
+    value = sample.metadata["round_number"]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(
+            f"sample {sample.index}: metadata['round_number'] is {value!r}, not a number (rollout/round_number)"
+        )
+    return float(value)
 
 
 def _num_backend_errors(sample: Sample) -> int:
@@ -224,6 +239,77 @@ def rollout_log_probs_mean(samples: Sequence[Sample]) -> float | None:
     return total / len(set(rollout_keys(samples)))
 
 
+def zero_std_counts(groups: Sequence[Sequence[Any]], reward_key: str | None) -> dict[str, float]:
+    """The original's `rollout/zero_std/count_{r}`: groups whose rewards are all equal, by that reward.
+
+    As its `_compute_zero_std_metrics`: the reward the advantages use (`get_reward_value`, not a
+    `metadata["raw_reward"]` shown as `rollout/raw_reward`), `r` rounded to one decimal as `str(round(r, 1))`, and a
+    group of one sample counted (its GRPO advantage is 0 too). The caller leaves it out under a critic estimator
+    (the original: `--advantage-estimator ppo`), whose advantages do not come from the group's spread. A group with
+    an unscored sample is not counted (`rollout/num_reward_undecided` counts those samples).
+
+    Args:
+        groups: the accepted groups (nested lists of samples, as `flatten_groups` takes them).
+        reward_key: `--reward-key`.
+    """
+    counts: collections.Counter[str] = collections.Counter()
+    for group in groups:
+        members = flatten_groups([group])
+        if not members or any(s.reward is None for s in members):
+            continue
+        values = [s.get_reward_value(reward_key) for s in members]
+        if all(v == values[0] for v in values):
+            counts[str(round(values[0], 1))] += 1
+    return {f"rollout/zero_std/count_{value}": float(count) for value, count in counts.items()}
+
+
+def reward_category_shares(samples: Sequence[Sample], category_key: str, prefix: str) -> dict[str, float]:
+    """The original's `--log-reward-category` shares: `{prefix}error_cat/{category}` = share of the samples.
+
+    The category is the value of `category_key` in a sample's dict reward (e.g. an error type its reward function
+    reports); a reward that is not a dict, or a dict without the key, counts as `unknown` (the original fails there).
+
+    Args:
+        samples: at least one sample.
+        category_key: `--log-reward-category`.
+        prefix: e.g. `"rollout/"` or `"eval/gsm8k/"`.
+    """
+    categories = collections.Counter(
+        str(s.reward.get(category_key, "unknown")) if isinstance(s.reward, dict) else "unknown" for s in samples
+    )
+    return {f"{prefix}error_cat/{category}": count / len(samples) for category, count in categories.items()}
+
+
+def sample_set_metrics(
+    cfg: SlimeArgs, samples: Sequence[Sample], prefix: str, reward_key: str | None
+) -> dict[str, float]:
+    """The original's `compute_metrics_from_samples` under `prefix`, for an eval dataset's samples.
+
+    `response_metrics`, `zero_std_counts` over the groups of equal `group_index` (none under a critic estimator),
+    `--log-reward-category` shares and `top_p_kept_vocab_per_token`, as the original's `log_eval_rollout_data` writes
+    them under `eval/{name}/`.
+
+    Args:
+        cfg: run config; reads `use_critic`, `log_reward_category`.
+        samples: at least one sample.
+        prefix: e.g. `"eval/gsm8k/"`.
+        reward_key: the key of the samples' dict rewards (the eval's `--eval-reward-key`, else `--reward-key`).
+    """
+    metrics = response_metrics(samples, prefix)
+    if not cfg.use_critic:
+        groups: dict[Any, list[Sample]] = {}
+        for s in samples:
+            groups.setdefault(s.group_index, []).append(s)
+        counts = zero_std_counts(list(groups.values()), reward_key)
+        metrics.update({k.replace("rollout/", prefix, 1): v for k, v in counts.items()})
+    if cfg.log_reward_category:
+        metrics.update(reward_category_shares(samples, cfg.log_reward_category, prefix))
+    kept = top_p_kept_per_token(samples)
+    if kept is not None:
+        metrics[f"{prefix}top_p_kept_vocab_per_token"] = kept
+    return metrics
+
+
 def compute_rollout_metrics(
     cfg: SlimeArgs,
     groups: Sequence[Sequence[Any]],
@@ -234,10 +320,11 @@ def compute_rollout_metrics(
     """Scalar metrics of one training rollout.
 
     Args:
-        cfg: run config; reads `reward_key`, `rollout_num_gpus` (the `perf/*_per_gpu_*` divisor, at least 1),
-            `log_passrate`, `log_reward_category`, and for `rollout/rewards` the reward-normalization flags used
-            by `slime_core.train_data.postprocess_rewards`; with `custom_reward_post_process_path` set,
-            `rollout/rewards` is left to the caller that runs that plugin (it must run once per rollout).
+        cfg: run config; reads `reward_key`, `use_critic` (no `rollout/zero_std/*` then), `rollout_num_gpus`
+            (the `perf/*_per_gpu_*` divisor, at least 1), `log_passrate`, `log_reward_category`, and for
+            `rollout/rewards` the reward-normalization flags used by `slime_core.train_data.postprocess_rewards`;
+            with `custom_reward_post_process_path` set, `rollout/rewards` is left to the caller that runs that
+            plugin (it must run once per rollout).
         groups: the accepted groups.
         rollout_time: wall-clock seconds of the rollout.
         drop_counts: groups dropped by the dynamic filter, per reason.
@@ -260,28 +347,16 @@ def compute_rollout_metrics(
         # (slime_app.rollout_manager.rollout_batches), which logs `rollout/rewards` from that one call.
         if len(scored) == len(samples) and not cfg.custom_reward_post_process_path:
             metrics["rollout/rewards"] = statistics.fmean(postprocess_rewards(cfg, samples)[1])
-        zero_std = collections.Counter()
-        for group in groups:
-            members = flatten_groups([group])
-            values = [reward_value(s, reward_key) for s in members if s.reward is not None]
-            if len(values) == len(members) and len(values) > 1 and statistics.pstdev(values) == 0.0:
-                zero_std[round(values[0], 1)] += 1
-        for value, count in zero_std.items():
-            metrics[f"rollout/zero_std/count_{value}"] = float(count)
+        if not cfg.use_critic:
+            metrics.update(zero_std_counts(groups, reward_key))
         group_rewards = [[reward_value(s, reward_key) for s in flatten_groups([g])] for g in groups]
         if cfg.log_passrate and len(scored) == len(samples):
             if len({len(g) for g in group_rewards}) == 1:
                 metrics.update({f"passrate/{k}": v for k, v in pass_at_k(group_rewards).items()})
             else:  # fan-out generate functions can make groups of different sizes
                 logger.warning("--log-passrate: groups of different sizes, pass@k skipped")
-    category_key = cfg.log_reward_category
-    if category_key:
-        # Share of samples per category of a dict reward (e.g. an error type the reward function reports).
-        categories = collections.Counter(
-            str(s.reward.get(category_key, "unknown")) if isinstance(s.reward, dict) else "unknown" for s in samples
-        )
-        for category, count in categories.items():
-            metrics[f"rollout/error_cat/{category}"] = count / len(samples)
+    if cfg.log_reward_category:
+        metrics.update(reward_category_shares(samples, cfg.log_reward_category, "rollout/"))
     # Samples that came back without a response token (a custom generate function, or no room left in the
     # context); the default rollout marks them remove_sample.
     metrics["rollout/num_empty_responses"] = float(
@@ -298,16 +373,44 @@ def compute_rollout_metrics(
     metrics.update(response_metrics(samples, "rollout/", lengths))
     if cfg.log_multi_turn:
         metrics.update(multi_turn_metrics(samples, cfg.rollout_max_response_len))
+    if all("round_number" in s.metadata for s in samples):
+        # The original's trainer-side `rollout/round_number`: its batch keeps metadata["round_number"] (its
+        # multi-turn examples set it) and log_rollout_data averages every such key over the samples.
+        metrics["rollout/round_number"] = statistics.fmean(_round_number(s) for s in samples)
     kept = top_p_kept_per_token(samples)
     if kept is not None:
         metrics["rollout/top_p_kept_vocab_per_token"] = kept
     engine_log_probs = rollout_log_probs_mean(samples)
     if engine_log_probs is not None:
         metrics["rollout/rollout_log_probs"] = engine_log_probs
+    metrics.update(throughput_metrics(samples, rollout_time, cfg.rollout_num_gpus, lengths))
+    return metrics
+
+
+def throughput_metrics(
+    samples: Sequence[Sample], rollout_time: float, num_gpus: int | None, lengths: Sequence[int] | None = None
+) -> dict[str, float]:
+    """The original's `perf/*` of a rollout, every rate over the one `rollout_time` logged beside it.
+
+    `perf/rollout_time`, `perf/tokens_per_gpu_per_sec` (response tokens / s / GPU), `perf/effective_...` (trainable
+    tokens), `perf/longest_[effective_]sample_tokens_per_sec` and `non_generation_metrics`, as the original's
+    `compute_perf_metrics_from_samples` (its rates divide by the `rollout_time` it logs).
+
+    Args:
+        samples: the rollout's samples (none: `perf/rollout_time` only).
+        rollout_time: wall-clock seconds of the rollout.
+        num_gpus: `--rollout-num-gpus` (the per-GPU divisor, at least 1).
+        lengths: the samples' `effective_response_length`s (None: read here).
+    """
+    metrics = {"perf/rollout_time": float(rollout_time)}
+    if not samples:
+        return metrics
+    if lengths is None:
+        lengths = [s.effective_response_length for s in samples]
     if rollout_time > 0:
-        num_gpus = max(cfg.rollout_num_gpus or 1, 1)
-        metrics["perf/tokens_per_gpu_per_sec"] = sum(s.response_length for s in samples) / rollout_time / num_gpus
-        metrics["perf/effective_tokens_per_gpu_per_sec"] = sum(lengths) / rollout_time / num_gpus
+        per_gpu = rollout_time * max(num_gpus or 1, 1)
+        metrics["perf/tokens_per_gpu_per_sec"] = sum(s.response_length for s in samples) / per_gpu
+        metrics["perf/effective_tokens_per_gpu_per_sec"] = sum(lengths) / per_gpu
         metrics["perf/longest_sample_tokens_per_sec"] = max(s.response_length for s in samples) / rollout_time
         metrics["perf/longest_effective_sample_tokens_per_sec"] = max(lengths) / rollout_time
     metrics.update(non_generation_metrics(samples, rollout_time, lengths))
