@@ -252,10 +252,10 @@ def wait_watched(
             raise GetTimeoutError(f"{what}: not done within {timeout:g} s")
         step = SLICE_S if left is None else min(SLICE_S, left)
         ready, pending = ray.wait(pending, num_returns=len(pending), timeout=step)
-        if ready:
-            ray.get(ready)  # raises the call's error as soon as it arrives
         if not pending:
             break
+        if ready:
+            ray.get(ready)  # raises a call's error as soon as it arrives, while the others still run
         if stopped_timeout_s > 0:
             now = time.monotonic()
             for w in watched:

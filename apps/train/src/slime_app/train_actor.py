@@ -324,7 +324,7 @@ class TrainGroup:
         # Every wait on the ranks ends when one stays stopped (SIGSTOP) past --actor-stopped-timeout-secs.
         self.watch = ActorWatch.of(cfg)
         self.watched: list[Watched] = []
-        name = "trainer rank" if role == "actor" else "critic trainer rank"
+        name = "trainer rank" if role == "actor" else "critic rank"
         master: tuple[str, int] | tuple[None, None] = (None, None)
         for rank in range(world_size):
             actor = remote_cls.options(scheduling_strategy=placement.strategy(bundles[rank]), **extra).remote(
@@ -353,16 +353,17 @@ class TrainGroup:
         for actor in self.actors:
             actor.release_compile_warm_up.remote()
 
-    def _get(self, refs: list[ray.ObjectRef], method: str) -> list[Any]:
+    def _get(self, refs: list[ray.ObjectRef], call: str) -> list[Any]:
         """The ranks' results of one call: raises as soon as one rank fails, or stays stopped (`actor_watch`).
 
         A plain `ray.get` of a list waits on the first ref; when another rank died, the first is blocked in a
         collective with it until the distributed timeout (minutes), and a stopped rank kept Ray waiting for ever.
         """
-        return self.watch.get(refs, self.watched, f"the {self.role} trainer ranks' {method} call")
+        ranks = "trainer ranks" if self.role == "actor" else "critic ranks"
+        return self.watch.get(refs, self.watched, f"the {ranks}' {call}")
 
     def _all(self, method: str, *args: Any) -> list[Any]:
-        return self._get([getattr(a, method).remote(*args) for a in self.actors], method)
+        return self._get([getattr(a, method).remote(*args) for a in self.actors], f"{method} call")
 
     def init(self, cfg: SlimeArgs) -> int:
         """Initializes every rank with the run config; returns the start rollout id (after `--load`).
@@ -399,7 +400,7 @@ class TrainGroup:
             a.train.remote(rollout_id, batch_refs[r], None if values is None else values[r])
             for a, r in zip(self.actors, self.dp_ranks, strict=True)
         ]
-        return self._get(calls, f"train (rollout {rollout_id})")[0]
+        return self._get(calls, f"train call of rollout {rollout_id}")[0]
 
     def train_critic(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> tuple[dict[str, float], list[Any]]:
         """The critic's step on every rank; returns rank 0's metrics and the values of each data-parallel rank.
@@ -410,7 +411,7 @@ class TrainGroup:
         self._check_batches(batch_refs)
         results = self._get(
             [a.train_critic.remote(rollout_id, batch_refs[r]) for a, r in zip(self.actors, self.dp_ranks, strict=True)],
-            f"train_critic (rollout {rollout_id})",
+            f"train_critic call of rollout {rollout_id}",
         )
         values: dict[int, Any] = {}
         for (_, rank_values), r in zip(results, self.dp_ranks, strict=True):
