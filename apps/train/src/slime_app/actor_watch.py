@@ -185,7 +185,7 @@ class Watched:
         if state is None:
             return 0.0 if self.stopped_since is None else now - self.stopped_since
         if self._start_ticks is not None and state.start_ticks != self._start_ticks:
-            self.stopped_since = None  # another process with the same pid (Ray restarted the actor elsewhere)
+            self.stopped_since = None  # another process holds the pid now: the watched one is gone
         self._start_ticks = state.start_ticks
         if state.stopped and self.stopped_since is None:
             self.stopped_since = now
