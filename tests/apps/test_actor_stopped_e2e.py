@@ -1,11 +1,12 @@
-"""A trainer rank stopped by `SIGSTOP` mid-run, in end-to-end runs of `apps/train` on CPU (Ray, reference engine,
-FSDP on gloo, --colocate).
+"""A trainer rank or the rollout manager stopped by `SIGSTOP` mid-run, in end-to-end runs of `apps/train` on CPU
+(Ray, reference engine, FSDP on gloo, --colocate).
 
-Issue 27 (silent hangs): a stopped process keeps its sockets, so Ray saw the rank alive and the driver's `ray.get`
-of its next call waited for ever. Now the run ends with one line naming the rank, its pid and host after
-`--actor-stopped-timeout-secs`, and leaves no process behind; a rank continued (`SIGCONT`) before then lets the run
-finish. Each run waits on what it prints (the rollout's start, the driver's warning that it saw the stop), never on
-a sleep: the machine these run on is a loaded 2-core one.
+Issue 27 (silent hangs): a stopped process keeps its sockets, so Ray saw it alive and the driver's `ray.get` of its
+next call waited for ever (the original code, rank stopped at rollout 1's start: "train 1: still running after 180 s"
+and no end). Now the run ends with one line naming the process, its pid and host after
+`--actor-stopped-timeout-secs`, exit 1, and leaves no process behind; a rank continued (`SIGCONT`) before then lets
+the run finish. Each run waits on what it prints (the rollout's start, the driver's warning that it saw the stop),
+never on a sleep: the machine these run on is a loaded 2-core one.
 """
 
 import os
@@ -21,6 +22,8 @@ import time
 
 import pytest
 
+from slime_app.actor_watch import read_proc_state
+from slime_app.reaper import descendants
 from slime_core.checkpoint_dirs import tracker_step
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -53,6 +56,7 @@ class _Run:
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      cwd=REPO)  # fmt: skip
         self.lines: list[str] = []
+        self.tree: dict[int, int] = {}  # pid -> start time of every process seen under the driver (`wait`)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -75,12 +79,15 @@ class _Run:
             time.sleep(0.1)
 
     def wait(self, timeout: float = 300) -> int:
-        try:
-            status = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the run did not end within {timeout} s (a hang):\n{self.output[-6000:]}")
+        """Waits for the driver to exit, recording every process under it meanwhile (`tree`)."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None:
+            self.tree.update(descendants(self.proc.pid))  # Ray's processes, the actors, engines, reward workers
+            if time.monotonic() > deadline:
+                pytest.fail(f"the run did not end within {timeout} s (a hang):\n{self.output[-6000:]}")
+            time.sleep(0.5)
         self.thread.join(timeout=30)
-        return status
+        return self.proc.returncode
 
     def own_pids(self) -> set[int]:
         """The pids of the run's trainer rank, rollout manager, engine host and engines it printed."""
@@ -90,45 +97,26 @@ class _Run:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=60)
-        if stopped is not None and _state(stopped) == "T":  # never leave a stopped process behind
+        state = read_proc_state(stopped) if stopped is not None else None
+        if state is not None and state.stopped:  # never leave a stopped process behind
             os.kill(stopped, signal.SIGKILL)
 
 
-def _state(pid: int) -> str | None:
-    """The process's state letter (proc(5)); None when it is gone."""
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return stat[stat.rfind(")") + 2]
+def _left_behind(tree: dict[int, int], timeout: float = 60) -> list[str]:
+    """The processes of `tree` (pid -> start time) still running after `timeout` (a process that reused a pid is not).
 
-
-def _alive(pid: int) -> bool:
-    return _state(pid) not in (None, "Z")
-
-
-def _processes_under(ray_tmp: str) -> list[str]:
-    """Command lines of live processes that name the run's Ray folder (Ray's GCS, raylet, agents and workers)."""
-    found = []
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if ray_tmp in cmdline and _alive(int(entry.name)):
-            found.append(f"{entry.name}: {cmdline[:200]}")
-    return found
-
-
-def _until_gone(pids: set[int], ray_tmp: str, timeout: float = 60) -> tuple[list[int], list[str]]:
-    """Waits for the run's processes to go (the raylet's workers exit once it is gone); what is left after `timeout`."""
+    Ray's workers exit on their own once the raylet is gone, and a reward worker once its parent is: give them time.
+    """
     deadline = time.monotonic() + timeout
     while True:
-        left, tree = [p for p in pids if _alive(p)], _processes_under(ray_tmp)
-        if (not left and not tree) or time.monotonic() > deadline:
-            return left, tree
+        left = []
+        for pid, start in tree.items():
+            state = read_proc_state(pid)
+            if state is not None and state.start_ticks == start and state.state != "Z":
+                cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160]
+                left.append(f"{pid} ({state.state}): {cmdline.decode(errors='replace')}")
+        if not left or time.monotonic() > deadline:
+            return left
         time.sleep(0.5)
 
 
@@ -170,11 +158,9 @@ def test_a_stopped_process_ends_the_run_in_one_line_and_leaves_no_process(tiny_q
     assert 5 <= int(stopped.group(1)) <= 30, errors[0]  # timed from the stop the driver saw, not far past it
     assert "Traceback" not in output, output[-6000:]
     assert re.search(rf"{name} \(pid {pid} on [\d.]+\) is stopped \(process state T\)", output), output[-6000:]
-    # No orphan: the stopped process (killed by the teardown), the others, the engines and Ray's own processes.
-    pids = run.own_pids()
-    assert pid in pids and len(pids) >= 3, pids
-    left, tree = _until_gone(pids, ray_tmp)
-    assert not left and not tree, (left, tree)
+    # No orphan: the stopped process (killed by the teardown), the other actors, the engines, Ray's own processes.
+    assert pid in run.tree and run.own_pids() <= set(run.tree), (pid, run.own_pids(), run.tree)
+    assert not _left_behind(run.tree), _left_behind(run.tree)
 
 
 def test_a_trainer_rank_continued_before_the_timeout_lets_the_run_finish(tiny_qwen3, tmp_path):

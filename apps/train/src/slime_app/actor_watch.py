@@ -263,6 +263,9 @@ def wait_watched(
                     raise _stopped_error(w, now - (w.stopped_since or now), what, stopped_timeout_s, resume_hint)
         if every_slice is not None:
             every_slice()
+    for w in watched:  # a stopped one that answered was continued: say so now, not at the next wait's first slice
+        if w.stopped_since is not None and stopped_timeout_s > 0:
+            w.observe(time.monotonic())
     values = ray.get(all_refs)
     return values[0] if single else values
 
