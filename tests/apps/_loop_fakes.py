@@ -6,14 +6,14 @@ Importable as module `slime_app_loop_fakes` (registered by this folder's conftes
 
 import types
 
-from slime_app import loop, rollout_schedule
+from slime_app import loop, restore, rollout_schedule
 
 __all__ = ["Actor", "BuildTrainer", "FakeRay", "Tracker", "Trainer", "patch_ray", "unbuilt_run"]
 
 
 def patch_ray(monkeypatch, fake) -> None:
-    """Puts `fake` in place of the driver's Ray: the loop's and its rollout schedule's (`Rollouts`)."""
-    for module in (loop, rollout_schedule):
+    """Puts `fake` in place of the driver's Ray: the loop's, its rollout schedule's (`Rollouts`) and restorer's."""
+    for module in (loop, restore, rollout_schedule):
         monkeypatch.setattr(module, "ray", fake)
 
 

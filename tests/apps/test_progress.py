@@ -8,7 +8,7 @@ import threading
 import pytest
 from rich.console import Console
 
-from slime_app import loop, rollout_schedule
+from slime_app import loop, restore, rollout_schedule
 from slime_app.progress import PhaseEvent, RunProgress, heartbeat_delays
 from slime_core.config import SlimeArgs
 
@@ -206,7 +206,7 @@ def _loop_phases(monkeypatch, **fields):
             pass
 
     fake_ray = type("R", (), {"get": staticmethod(lambda ref, **kw: ref)})()
-    for module in (loop, rollout_schedule):  # the loop and its rollout schedule
+    for module in (loop, restore, rollout_schedule):  # the loop, its rollout schedule and restorer
         monkeypatch.setattr(module, "ray", fake_ray)
     run = loop.Run.__new__(loop.Run)
     run.cfg, run.manager, run.trainer = cfg, _Manager(), Trainer()

@@ -124,7 +124,7 @@ def _build(monkeypatch, cfg, *, init, load=None):
     monkeypatch.setattr(loop, "RolloutManager", types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(
         remote=lambda cfg, placement: manager)))  # fmt: skip
     monkeypatch.setattr(loop, "make_trainers", lambda cfg, placement: Trainer())
-    monkeypatch.setattr(loop.ray, "get", lambda ref: ref)
+    monkeypatch.setattr(loop.ray, "get", lambda ref, timeout=None: ref)
     run = loop.Run.__new__(loop.Run)  # the parts build() reads
     run.cfg, run.placement, run.trainer = cfg, None, None
     run.tracker = types.SimpleNamespace(begin_at=lambda start: None)

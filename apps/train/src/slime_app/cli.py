@@ -99,6 +99,7 @@ def _main(argv: list[str]) -> int:
         print(f"slime: error: {' '.join(str(e).split())}{_demo_hint(argv)}", file=sys.stderr)
         return 2
 
+    from slime_app.actor_watch import ActorStopped
     from slime_app.cluster import PlacementError, PlacementTimeout
     from slime_app.failures import (
         SaveFailed,
@@ -134,6 +135,9 @@ def _main(argv: list[str]) -> int:
     except SaveFailed as e:
         print(f"slime: error: {e}", file=sys.stderr)
         return 5
+    except ActorStopped as e:  # a trainer rank or the rollout manager stayed stopped (SIGSTOP): names it
+        print(f"slime: error: {e}", file=sys.stderr)
+        return 1
     except (StartRefused, PlacementError) as e:
         print(f"slime: error: {e}", file=sys.stderr)
         return 2

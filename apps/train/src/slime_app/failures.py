@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import ray.exceptions
 
+from slime_app.guards import StartRefused
 from slime_app.outputs import nearest_existing
 from slime_core.checkpoint_dirs import tracker_step
 from slime_core.config import SlimeArgs
@@ -40,6 +41,7 @@ __all__ = [
     "interrupted_resume_line",
     "memory_failure",
     "plugin_failure",
+    "refused_input",
     "root_cause",
     "save_failed",
     "weight_write_errors",
@@ -107,6 +109,23 @@ def interrupted_resume_line(save: str | os.PathLike[str] | None) -> str | None:
     if not save:
         return None
     return f"--save {save}: {_last_checkpoint(pathlib.Path(save))}"
+
+
+@contextlib.contextmanager
+def refused_input(what: str) -> Iterator[None]:
+    """Bad input met while starting (a damaged `--load` checkpoint or data cursor) is `StartRefused`: one line.
+
+    A Ray actor's `ValueError`/`FileNotFoundError` reaches the driver wrapped in Ray's task error, which would end the
+    run in a traceback; the root cause's message is the line (`what` goes to the debug log with the traceback).
+    """
+    try:
+        yield
+    except Exception as e:
+        cause = root_cause(e)
+        if isinstance(cause, (ValueError, FileNotFoundError)):
+            logger.debug("%s", what, exc_info=True)
+            raise StartRefused(" ".join(str(cause).split())) from e
+        raise
 
 
 def save_failed(what: str, flag: str, path: str | os.PathLike[str], error: BaseException) -> SaveFailed:

@@ -23,10 +23,11 @@ import ray
 from ray.exceptions import GetTimeoutError
 
 from slime_app.actor_critic import make_trainers
+from slime_app.actor_watch import ActorStopped, ActorWatch, Watched, kill_stopped
 from slime_app.cluster import create_placement, init_ray
-from slime_app.failures import root_cause, save_failed, weight_write_errors
+from slime_app.failures import refused_input, save_failed, weight_write_errors
 from slime_app.goodput import GoodputMeter
-from slime_app.guards import RunStopped, StartRefused, first_step_logprob_gate
+from slime_app.guards import RunStopped, first_step_logprob_gate
 from slime_app.instability import InstabilityMonitor
 from slime_app.progress import RunProgress
 from slime_app.ray_start import ray_address
@@ -34,7 +35,7 @@ from slime_app.reaper import start_reaper
 from slime_app.restore import EngineRestorer
 from slime_app.rollout_manager import RolloutManager
 from slime_app.rollout_schedule import Rollouts
-from slime_app.run_state import load_run_state, save_run_state
+from slime_app.run_state import EvalAfterSave, load_run_state, save_run_state
 from slime_app.save_schedule import hf_export_path, should_run
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
@@ -53,56 +54,11 @@ _TRANSPORTS = {  # --weight-sync after validation resolved "auto"
 }
 
 
-@contextlib.contextmanager
-def _refused_input(what: str) -> Iterator[None]:
-    """Bad input met while starting (a damaged `--load` checkpoint or data cursor) is `StartRefused`: one line.
-
-    A Ray actor's `ValueError`/`FileNotFoundError` reaches the driver wrapped in Ray's task error, which would end the
-    run in a traceback; the root cause's message is the line (`what` goes to the debug log with the traceback).
-    """
-    try:
-        yield
-    except Exception as e:
-        cause = root_cause(e)
-        if isinstance(cause, (ValueError, FileNotFoundError)):
-            logger.debug("%s", what, exc_info=True)
-            raise StartRefused(" ".join(str(cause).split())) from e
-        raise
-
-
 def _timed(metrics: dict[str, float], key: str, fn: Callable[[], Any]) -> None:
     """Runs `fn` and records its wall seconds under `key` (the colocated memory swaps: `perf/*_time`)."""
     t0 = time.perf_counter()
     fn()
     metrics[key] = time.perf_counter() - t0
-
-
-class EvalAfterSave:
-    """Whether the run that saved a checkpoint was due to evaluate right after it (the run state's `eval` part).
-
-    That eval runs after the save and is written at x = rollout + 1, where a run resumed from the checkpoint starts
-    and TensorBoard hides the earlier points (`Tracker.begin_at`). The resumed run evaluates again where it was due
-    then, also when its own schedule no longer says so, so that a finished run extended with a larger
-    `--num-rollout` keeps the eval of its last rollout in the curves.
-
-    Attributes:
-        due: set by the loop before each run-state save.
-        due_when_saved: what the checkpoint's run state said (False without one: older states have no such part).
-    """
-
-    optional = True  # `load_run_state`: a run state written before this part existed has none; nothing to say
-
-    def __init__(self) -> None:
-        self.due = False
-        self.due_when_saved = False
-
-    def state(self) -> dict[str, bool]:
-        """`{"due": bool}` for the run state."""
-        return {"due": self.due}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Reads `state()`; raises TypeError/KeyError on another shape (`load_run_state` warns and goes on)."""
-        self.due_when_saved = bool(state["due"])
 
 
 class Run:
@@ -120,6 +76,8 @@ class Run:
     rollouts: Rollouts | None = None  # set by `run`; None before (a save then has no generation in flight)
     _cursor_saved: int | None = None  # `--async`: the rollout whose data cursor was saved before the next one drew
     train_end: float | None = None  # when the trainer last finished a train call (`run` sets it at start-up)
+    watch: ActorWatch | None = None  # None in tests that build a `Run` by hand: plain `ray.get`s
+    manager_watched: Watched | None = None  # the rollout manager's process, watched by every wait on it
 
     def __init__(self, cfg: SlimeArgs):
         self.cfg = cfg
@@ -129,6 +87,7 @@ class Run:
         self.tracker = Tracker(cfg, self.output_dir, self.progress)
         self.progress.start()  # live before Ray starts, not when the first rollout does
         self.goodput = GoodputMeter(cfg)
+        self.watch = ActorWatch.of(cfg)  # a stopped manager or rank ends a wait (--actor-stopped-timeout-secs)
         self.instability = InstabilityMonitor(cfg)
         self.manager = None
         self.trainer = None
@@ -224,6 +183,7 @@ class Run:
         """
         cfg = self.cfg
         self.manager = RolloutManager.options(num_cpus=0).remote(cfg, self.placement)
+        self.manager_watched = Watched("the rollout manager", self.manager)
         with self._phase("engines", detail=f"--rollout-engine {cfg.rollout_engine}"):
             engines_up = self.manager.start.remote()
             if not cfg.debug_rollout_only:
@@ -233,9 +193,9 @@ class Run:
                 self.trainer.preload(cfg)
                 # Colocated it waits at its gate before touching the GPU (imports and its stand-in meanwhile).
                 self.trainer.start_compile_warm_up(cfg, gated=bool(cfg.colocate))
-            engine_urls = ray.get(engines_up)
+            engine_urls = self.manager_get(engines_up, "the start of the engines")
             if self.swap_engines:
-                ray.get(self.manager.offload.remote())  # the trainer loads next, on the same GPUs
+                self.manager_get(self.manager.offload.remote(), "the engines' offload")  # the trainer loads next
             if cfg.colocate and self.trainer is not None:
                 # Only now: an engine sizes its KV cache from the free memory it measures at start-up, which a
                 # warm-up on the same GPU would take (resident engines: it then runs next to them).
@@ -243,7 +203,7 @@ class Run:
         start = 0
         if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
-                with _refused_input("the trainer ranks did not start"):
+                with refused_input("the trainer ranks did not start"):
                     start = self.trainer.init(cfg)  # the actor pins --load's iteration (pin_load_step)
             if start > 0 and cfg.load:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
@@ -254,9 +214,9 @@ class Run:
         if start > 0 and cfg.num_rollout > 0:  # an eval-only run (--num-rollout 0) draws no prompt
             # As the original: the data cursor of the rollout before the one the run starts at, --start-rollout-id
             # included (it was the checkpoint's, so the prompts did not follow the rollout ids).
-            with _refused_input("the data cursor was not restored"):  # a damaged data_source_<id>.json
-                ray.get(self.manager.load.remote(start - 1))
-        self.restorer = EngineRestorer(cfg, self.manager, self.trainer)
+            with refused_input("the data cursor was not restored"):  # a damaged data_source_<id>.json
+                self.manager_get(self.manager.load.remote(start - 1), "the load of the data cursor")
+        self.restorer = EngineRestorer(cfg, self.manager, self.trainer, get=self.manager_get)
         if self.trainer is not None and engine_urls:
             transport = _TRANSPORTS.get(cfg.weight_sync, cfg.weight_sync)
             logger.info("weight sync: %s, %d engine(s)", transport, len(engine_urls))
@@ -264,8 +224,29 @@ class Run:
             # Engines always serve the trainer's weights, also after a resume.
             self.tracker.log(start, self.sync_weights(start))
         elif self.swap_engines:
-            ray.get(self.manager.onload.remote())
+            self.manager_get(self.manager.onload.remote(), "the engines' onload")
         return start
+
+    def manager_get(
+        self,
+        ref: ray.ObjectRef,
+        what: str,
+        *,
+        timeout: float | None = None,
+        every_slice: Callable[[], None] | None = None,
+    ) -> Any:
+        """The value of the rollout manager's call `ref`; `what` names the call in the error of a stopped manager.
+
+        Raises:
+            slime_app.actor_watch.ActorStopped: the manager's process stayed stopped past
+                `--actor-stopped-timeout-secs`.
+            ray.exceptions.GetTimeoutError: `timeout` seconds passed.
+        """
+        if self.watch is None or self.manager_watched is None:
+            while every_slice is not None and not ray.wait([ref], timeout=1.0)[0]:
+                every_slice()
+            return ray.get(ref, timeout=timeout)
+        return self.watch.get(ref, [self.manager_watched], what, timeout=timeout, every_slice=every_slice)
 
     def run(self) -> None:
         """The whole run: build, evaluate the starting model, then one `step` per rollout id."""
@@ -297,7 +278,7 @@ class Run:
             cfg.num_rollout,
             ahead=cfg.async_train,
             update_weights_interval=cfg.update_weights_interval,
-            wait=self.restorer.wait if self.restorer.enabled else None,
+            get=lambda ref, what: self.restorer.get(ref, what, serve_restores=True),
             before_next=self._save_cursor_early,
         )
         for rollout_id in range(start, cfg.num_rollout):
@@ -401,7 +382,8 @@ class Run:
         begin = time.perf_counter()
         swap: dict[str, float] = {}
         if self.swap_engines:
-            _timed(swap, "perf/engine_release_time", lambda: ray.get(self.manager.offload.remote()))
+            _timed(swap, "perf/engine_release_time",
+                   lambda: self.manager_get(self.manager.offload.remote(), "the engines' offload"))  # fmt: skip
         if self.swap_trainer:
             _timed(swap, "perf/wake_up_time", self.trainer.wake_up)
             self.restorer.trainer_awake = True
@@ -447,6 +429,8 @@ class Run:
         """An error of the block is `SaveFailed`: one line naming `--save`, not a rank's traceback (a full disk)."""
         try:
             yield
+        except ActorStopped:
+            raise  # not the disk's: its own line names the stopped process
         except Exception as e:
             logger.debug("the %s of rollout %d failed", what, rollout_id, exc_info=True)
             raise save_failed(f"the checkpoint of rollout {rollout_id}", "--save", self.cfg.save, e) from e
@@ -486,7 +470,7 @@ class Run:
         deadline = cfg.plugin_timeout_secs + SAVE_GRACE_S + (cfg.rollout_timeout_secs if queued else 0.0)
         flags = "--plugin-timeout-secs" + (" + --rollout-timeout-secs" if queued else "")
         try:
-            ray.get(ref, timeout=deadline)
+            self.manager_get(ref, "the save of the data cursor", timeout=deadline)
         except GetTimeoutError:
             raise DeadlineExceeded(
                 f"the rollout manager's save of the data cursor (--data-source-path {cfg.data_source_path}) did not "
@@ -503,6 +487,8 @@ class Run:
         path = hf_export_path(self.cfg.save_hf, rollout_id)
         try:
             self.trainer.save_hf(path)
+        except ActorStopped:
+            raise
         except Exception as e:
             logger.debug("the HF export of rollout %d failed", rollout_id, exc_info=True)
             raise save_failed(f"the HF export of rollout {rollout_id}", "--save-hf", path, e) from e
@@ -522,7 +508,8 @@ class Run:
     def _sync_weights(self, weight_version: int) -> dict[str, float]:
         swap: dict[str, float] = {}
         if self.swap_engines:
-            _timed(swap, "perf/engine_resume_weights_time", lambda: ray.get(self.manager.onload.remote(["weights"])))
+            onload = functools.partial(self.manager_get, what="the engines' weights onload")
+            _timed(swap, "perf/engine_resume_weights_time", lambda: onload(self.manager.onload.remote(["weights"])))
         with weight_write_errors(self.cfg, weight_version):  # a full disk under a disk push: one line, exit 5
             metrics = self._prefix("perf", self.restorer.push(weight_version))
         if self.swap_trainer:
@@ -530,7 +517,8 @@ class Run:
             self.restorer.trainer_awake = False
         if self.swap_engines:
             _timed(swap, "perf/engine_resume_kv_cache_time",
-                   lambda: ray.get(self.manager.onload.remote(["kv_cache", "cuda_graph"])))  # fmt: skip
+                   lambda: self.manager_get(self.manager.onload.remote(["kv_cache", "cuda_graph"]),
+                                            "the engines' KV cache onload"))  # fmt: skip
         return {**metrics, **swap}
 
     @staticmethod
@@ -544,10 +532,9 @@ class Run:
             # engines and stopped the run with "neither a router nor engine URLs are configured".
             return
         with self._phase("eval", rollout_id):
-            ref = self.manager.eval.remote(rollout_id)
-            if self.restorer.enabled:
-                self.restorer.wait(ref)  # restarted engines get their weights while the eval waits for them
-            metrics = ray.get(ref)
+            # Restarted engines get their weights while the eval waits for them.
+            metrics = self.restorer.get(self.manager.eval.remote(rollout_id), f"the eval of rollout {rollout_id}",
+                                        serve_restores=True)  # fmt: skip
         self.goodput.add_eval(metrics.get("perf/eval_time"))
         findings = self.instability.observe_eval(rollout_id, metrics)
         metrics.update(InstabilityMonitor.metrics_of(findings))
@@ -577,6 +564,8 @@ class Run:
         """Tears everything down; safe to call after a partial build."""
         try:
             self.tracker.close()
+            if self.manager_watched is not None:  # a stopped manager answers no dispose: killed (its engines follow)
+                kill_stopped([self.manager_watched])
             if self.manager is not None:
                 try:
                     ray.get(self.manager.dispose.remote(), timeout=60)

@@ -2,8 +2,9 @@
 
 Only the driver calls the trainer ranks (every rank must run the same collectives in the same order), so the
 driver serves the rollout manager's restore requests (`slime_app.engine_faults`) while it waits on a manager
-call: `EngineRestorer.wait(ref)` polls the manager every `POLL_S` and, when restarted engines wait, has the
-trainer push the weights the engines serve to them. Without `--use-fault-tolerance` it is a plain `ray.wait`.
+call: `EngineRestorer.get(ref, what, serve_restores=True)` polls the manager every `POLL_S` and, when restarted
+engines wait, has the trainer push the weights the engines serve to them. Every wait on the manager ends when its
+process stays stopped (`slime_app.actor_watch`).
 
 Regular syncs (`EngineRestorer.push`) go to the engines that are up; engines a push could not complete are
 handed back to the manager for a restart (they get the weights once back) instead of failing the run.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -41,10 +43,14 @@ class EngineRestorer:
         cfg: the run config; reads `use_fault_tolerance` and `colocate` (a sleeping trainer wakes up to push).
         manager: the `RolloutManager` actor.
         trainer: the `TrainGroup` (None: no trainer, nothing to push).
+        get: how the driver waits on a manager call: `get(ref, what, every_slice=None) -> value`, ending when the
+            manager's process stays stopped (`slime_app.loop.Run.manager_get`); None: a plain `ray.get` (polled
+            every `POLL_S` while restores are served).
     """
 
-    def __init__(self, cfg: SlimeArgs, manager: Any, trainer: Any | None):
+    def __init__(self, cfg: SlimeArgs, manager: Any, trainer: Any | None, get: Callable[..., Any] | None = None):
         self.cfg, self.manager, self.trainer = cfg, manager, trainer
+        self._watched_get = get
         self.enabled = cfg.use_fault_tolerance and trainer is not None
         # Fully async, generation goes on around a push: the manager's health probes hold while it runs.
         self.overlaps_generation = is_fully_async(cfg)
@@ -55,10 +61,21 @@ class EngineRestorer:
         self.trainer_awake = True
         self.restore_seconds = 0.0
 
-    def wait(self, ref: ray.ObjectRef) -> None:
-        """Blocks until `ref` is ready, serving restores of restarted engines in the meantime."""
-        while not ray.wait([ref], timeout=POLL_S if self.enabled else None)[0]:
-            self.restore_waiting()
+    def get(self, ref: ray.ObjectRef, what: str, *, serve_restores: bool = False) -> Any:
+        """The value of the manager's call `ref` (`what` names it in the error of a stopped manager).
+
+        Args:
+            ref: the call's ref.
+            what: e.g. `"the rollout manager's generate call"`.
+            serve_restores: restarted engines get their weights while it waits (`restore_waiting`, with
+                `--use-fault-tolerance`).
+        """
+        every = self.restore_waiting if serve_restores and self.enabled else None
+        if self._watched_get is not None:
+            return self._watched_get(ref, what, every_slice=every)
+        while every is not None and not ray.wait([ref], timeout=POLL_S)[0]:
+            every()
+        return ray.get(ref)
 
     def trained(self, weight_version: int) -> None:
         """The trainer's weights changed: the next push (a regular sync or a restore) is `weight_version`."""
@@ -72,7 +89,7 @@ class EngineRestorer:
         """
         if not self.enabled or self.weight_version is None:
             return
-        urls = ray.get(self.manager.engines_awaiting_weights.remote())
+        urls = self.get(self.manager.engines_awaiting_weights.remote(), "the manager's engines_awaiting_weights")
         if not urls:
             return
         version = max(self.weight_version, self.trainer_version or 0)
@@ -108,15 +125,16 @@ class EngineRestorer:
         """
         overlaps = self.overlaps_generation
         if overlaps:
-            ray.get(self.manager.weights_moving.remote(True))
+            self.get(self.manager.weights_moving.remote(True), "the rollout manager's weights_moving")
         try:
             if not self.enabled:
                 metrics = self.trainer.update_weights(weight_version)
             else:
-                metrics = self._push(weight_version, ray.get(self.manager.live_engine_urls.remote()))
+                urls = self.get(self.manager.live_engine_urls.remote(), "the rollout manager's live_engine_urls")
+                metrics = self._push(weight_version, urls)
         finally:
             if overlaps:
-                ray.get(self.manager.weights_moving.remote(False))
+                self.get(self.manager.weights_moving.remote(False), "the rollout manager's weights_moving")
         self.weight_version = weight_version
         return metrics
 
@@ -130,8 +148,9 @@ class EngineRestorer:
                 raise
             # The others completed the push; the failed ones are restarted and restored like a dead engine.
             logger.error("%s; restarting those engines", error)
-            ray.get(self.manager.engines_failed.remote(list(error.failed), f"weight push failed: {error}"))
+            failed = self.manager.engines_failed.remote(list(error.failed), f"weight push failed: {error}")
+            self.get(failed, "the rollout manager's engines_failed")
             reached = [u for u in urls if u not in error.failed]
             metrics = {}
-        ray.get(self.manager.engines_restored.remote(reached))
+        self.get(self.manager.engines_restored.remote(reached), "the rollout manager's engines_restored")
         return metrics

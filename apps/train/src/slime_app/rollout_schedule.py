@@ -23,6 +23,9 @@ class Rollouts:
         num_rollout: number of rollouts of the run (`--num-rollout`).
         ahead: the async schedule: rollout N+1 starts as soon as rollout N is handed out.
         update_weights_interval: async only: the engines get new weights every this many rollouts.
+        get: how a generation is waited on: `get(ref, what) -> value`, serving engine restores meanwhile
+            (`slime_app.restore`) and ending when the manager's process stays stopped (`slime_app.actor_watch`);
+            None: a plain `ray.get`.
         before_next: async only: called with `rollout_id` once its generation is done and before the next one
             starts drawing prompts (the data cursor of a save: `Run._save_cursor_early`).
     """
@@ -34,7 +37,7 @@ class Rollouts:
         *,
         ahead: bool,
         update_weights_interval: int,
-        wait: Callable[[ray.ObjectRef], None] | None = None,
+        get: Callable[[ray.ObjectRef, str], Any] | None = None,
         before_next: Callable[[int], None] | None = None,
     ):
         self.manager = manager
@@ -42,8 +45,7 @@ class Rollouts:
         self.ahead = ahead
         self.update_weights_interval = update_weights_interval
         self.before_next = before_next
-        # Blocks until a generation is done (serving engine restores meanwhile: `slime_app.restore`).
-        self.wait = wait
+        self.get = get
         self._pending: ray.ObjectRef | None = None  # async: the generation in flight
 
     @property
@@ -57,16 +59,20 @@ class Rollouts:
         Async, the generation of `rollout_id + 1` (if any) is started once `rollout_id`'s is done.
         """
         current = self._pending if self._pending is not None else self.manager.generate.remote(rollout_id)
-        if self.wait is not None:
-            self.wait(current)
+        generated = self._get(current, rollout_id)
         if not self.ahead:
-            return ray.get(current)
-        batch_refs, metrics = ray.get(current)
+            return generated
+        batch_refs, metrics = generated
         self._pending, next_id = None, rollout_id + 1  # taken: nothing in flight until the next one starts
         if self.before_next is not None:
             self.before_next(rollout_id)
         self._pending = self.manager.generate.remote(next_id) if next_id < self.num_rollout else None
         return batch_refs, metrics
+
+    def _get(self, ref: ray.ObjectRef, rollout_id: int) -> Any:
+        if self.get is None:
+            return ray.get(ref)
+        return self.get(ref, f"the rollout manager's generation of rollout {rollout_id}")
 
     def weights_due(self, rollout_id: int) -> bool:
         """Whether the engines get the weights trained on `rollout_id`.
@@ -84,8 +90,9 @@ class Rollouts:
 
         The generation keeps its data (one step stale); its result is taken by the next `take`.
         """
-        if self._pending is not None:
-            if self.wait is not None:
-                self.wait(self._pending)
-            else:
-                ray.wait([self._pending], num_returns=1)
+        if self._pending is None:
+            return
+        if self.get is not None:
+            self.get(self._pending, "the rollout manager's generation ahead")
+        else:
+            ray.wait([self._pending], num_returns=1)

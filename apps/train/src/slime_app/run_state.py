@@ -2,7 +2,7 @@
 
 `<--save>/rollout/run_state_<rollout_id>.json`, beside the data cursor, holds `GoodputMeter.state()` (the totals of
 `goodput/cum/*`), `InstabilityMonitor.state()` (the rules' baselines and windows), `Tracker.state()` (the points
-of the reward/eval curve PNG) through that rollout and `loop.EvalAfterSave.state()` (the eval after it was due).
+of the reward/eval curve PNG) through that rollout and `EvalAfterSave.state()` (the eval after it was due).
 The loop writes it once the rollout's checkpoint is committed and its metrics are accounted; a run resumed at
 rollout S reads `run_state_<S-1>.json` from `--load`. Without it the cumulative curves restarted from zero at every
 resume and the instability rules re-based themselves on the resumed rollouts.
@@ -21,7 +21,7 @@ from slime_core.dir_swap import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_run_state", "run_state_path", "save_run_state"]
+__all__ = ["EvalAfterSave", "load_run_state", "run_state_path", "save_run_state"]
 
 
 def run_state_path(root: str | os.PathLike[str], rollout_id: int) -> pathlib.Path:
@@ -77,3 +77,31 @@ def load_run_state(root: str | os.PathLike[str], rollout_id: int, keepers: dict[
             continue
         restored.append(name)
     return restored
+
+
+class EvalAfterSave:
+    """Whether the run that saved a checkpoint was due to evaluate right after it (the run state's `eval` part).
+
+    That eval runs after the save and is written at x = rollout + 1, where a run resumed from the checkpoint starts
+    and TensorBoard hides the earlier points (`Tracker.begin_at`). The resumed run evaluates again where it was due
+    then, also when its own schedule no longer says so, so that a finished run extended with a larger
+    `--num-rollout` keeps the eval of its last rollout in the curves.
+
+    Attributes:
+        due: set by the loop before each run-state save.
+        due_when_saved: what the checkpoint's run state said (False without one: older states have no such part).
+    """
+
+    optional = True  # `load_run_state`: a run state written before this part existed has none; nothing to say
+
+    def __init__(self) -> None:
+        self.due = False
+        self.due_when_saved = False
+
+    def state(self) -> dict[str, bool]:
+        """`{"due": bool}` for the run state."""
+        return {"due": self.due}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Reads `state()`; raises TypeError/KeyError on another shape (`load_run_state` warns and goes on)."""
+        self.due_when_saved = bool(state["due"])

@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 
+from slime_app.actor_watch import ActorWatch, Watched, kill_stopped
 from slime_app.cluster import Placement
 from slime_app.guards import RunStopped
 from slime_app.registry import CRITIC_BACKENDS, TRAIN_BACKENDS
@@ -285,19 +286,6 @@ class TrainActor:
             dist.destroy_process_group()
 
 
-def get_all_or_raise(refs: list[ray.ObjectRef]) -> list[Any]:
-    """`ray.get(refs)`, but raises as soon as any one fails (a rank that died or raised).
-
-    A plain `ray.get` of a list waits on the first ref; when another rank died, the first is blocked in a
-    collective with it until the distributed timeout (minutes). Here each result is checked as it arrives.
-    """
-    pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        ray.get(ready)  # raises the rank's error (RayActorError when its process died)
-    return ray.get(refs)
-
-
 def pin_load_step(cfg: SlimeArgs) -> SlimeArgs:
     """`cfg` with `--ckpt-step` set to the iteration `--load`'s tracker names now (unchanged without one).
 
@@ -333,14 +321,19 @@ class TrainGroup:
         runtime_env = trainer_runtime_env(cfg)
         extra = {"runtime_env": runtime_env} if runtime_env else {}
         self.actors = []
+        # Every wait on the ranks ends when one stays stopped (SIGSTOP) past --actor-stopped-timeout-secs.
+        self.watch = ActorWatch.of(cfg)
+        self.watched: list[Watched] = []
+        name = "trainer rank" if role == "actor" else "critic rank"
         master: tuple[str, int] | tuple[None, None] = (None, None)
         for rank in range(world_size):
             actor = remote_cls.options(scheduling_strategy=placement.strategy(bundles[rank]), **extra).remote(
                 world_size, rank, *master
             )
-            if rank == 0:
-                master = ray.get(actor.rendezvous.remote())
             self.actors.append(actor)
+            self.watched.append(Watched(f"{name} {rank}", actor))
+            if rank == 0:
+                master = self.watch.get(actor.rendezvous.remote(), self.watched, "the rendezvous address of rank 0")
 
     def preload(self, cfg: SlimeArgs) -> None:
         """Starts every rank's `TrainActor.preload` without waiting.
@@ -360,8 +353,17 @@ class TrainGroup:
         for actor in self.actors:
             actor.release_compile_warm_up.remote()
 
+    def _get(self, refs: list[ray.ObjectRef], call: str) -> list[Any]:
+        """The ranks' results of one call: raises as soon as one rank fails, or stays stopped (`actor_watch`).
+
+        A plain `ray.get` of a list waits on the first ref; when another rank died, the first is blocked in a
+        collective with it until the distributed timeout (minutes), and a stopped rank kept Ray waiting for ever.
+        """
+        ranks = "trainer ranks" if self.role == "actor" else "critic ranks"
+        return self.watch.get(refs, self.watched, f"the {ranks}' {call}")
+
     def _all(self, method: str, *args: Any) -> list[Any]:
-        return get_all_or_raise([getattr(a, method).remote(*args) for a in self.actors])
+        return self._get([getattr(a, method).remote(*args) for a in self.actors], f"{method} call")
 
     def init(self, cfg: SlimeArgs) -> int:
         """Initializes every rank with the run config; returns the start rollout id (after `--load`).
@@ -398,7 +400,7 @@ class TrainGroup:
             a.train.remote(rollout_id, batch_refs[r], None if values is None else values[r])
             for a, r in zip(self.actors, self.dp_ranks, strict=True)
         ]
-        return get_all_or_raise(calls)[0]
+        return self._get(calls, f"train call of rollout {rollout_id}")[0]
 
     def train_critic(self, rollout_id: int, batch_refs: list[ray.ObjectRef]) -> tuple[dict[str, float], list[Any]]:
         """The critic's step on every rank; returns rank 0's metrics and the values of each data-parallel rank.
@@ -407,8 +409,9 @@ class TrainGroup:
             ValueError: the rollout has a different number of batches than the critic has DP ranks.
         """
         self._check_batches(batch_refs)
-        results = get_all_or_raise(
-            [a.train_critic.remote(rollout_id, batch_refs[r]) for a, r in zip(self.actors, self.dp_ranks, strict=True)]
+        results = self._get(
+            [a.train_critic.remote(rollout_id, batch_refs[r]) for a, r in zip(self.actors, self.dp_ranks, strict=True)],
+            f"train_critic call of rollout {rollout_id}",
         )
         values: dict[int, Any] = {}
         for (_, rank_values), r in zip(results, self.dp_ranks, strict=True):
@@ -454,8 +457,10 @@ class TrainGroup:
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Destroys the process groups (ranks that do not answer within `grace_s` are not waited for), kills the actors.
 
-        After a rank died, the others may be blocked in a collective; they are killed rather than waited on.
+        After a rank died, the others may be blocked in a collective; they are killed rather than waited on. A
+        stopped rank (SIGSTOP) is killed first: it would answer nothing and outlive Ray's teardown.
         """
+        kill_stopped(self.watched)
         try:
             refs = [a.shutdown.remote() for a in self.actors]
             ray.wait(refs, num_returns=len(refs), timeout=grace_s)

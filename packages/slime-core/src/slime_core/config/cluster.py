@@ -64,6 +64,13 @@ class ClusterArgs(ArgsGroup):
     )
     distributed_backend: str = arg("nccl", "torch.distributed backend of the trainer (nccl on GPU, gloo on CPU).")
     distributed_timeout_minutes: int = arg(10, "Timeout of torch.distributed collectives in minutes.", ge=1)
+    actor_stopped_timeout_secs: float = arg(
+        120.0,
+        "Seconds a trainer rank or the rollout manager may stay stopped (SIGSTOP, a debugger, job control) while the "
+        "driver waits on it; past them the run ends naming the process, its pid and host (a stopped process keeps "
+        "its connections, so Ray never reports it). 0: wait for ever. A process continued before then goes on.",
+        ge=0,
+    )
     train_env_vars: dict[str, str] = arg(
         {}, "Extra environment variables for trainer processes, as a JSON object string."
     )

@@ -1,0 +1,184 @@
+"""A trainer rank or the rollout manager stopped by `SIGSTOP` mid-run, in end-to-end runs of `apps/train` on CPU
+(Ray, reference engine, FSDP on gloo, --colocate).
+
+Issue 27 (silent hangs): a stopped process keeps its sockets, so Ray saw it alive and the driver's `ray.get` of its
+next call waited for ever (the original code, rank stopped at rollout 1's start: "train 1: still running after 180 s"
+and no end). Now the run ends with one line naming the process, its pid and host after
+`--actor-stopped-timeout-secs`, exit 1, and leaves no process behind; a rank continued (`SIGCONT`) before then lets
+the run finish. Each run waits on what it prints (the rollout's start, the driver's warning that it saw the stop),
+never on a sleep: the machine these run on is a loaded 2-core one.
+"""
+
+import os
+import pathlib
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+from slime_app.actor_watch import read_proc_state
+from slime_app.reaper import descendants
+from slime_core.checkpoint_dirs import tracker_step
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+GSM8K = REPO / "tests" / "fixtures" / "gsm8k" / "test-50.jsonl"
+RANK_LINE = re.compile(r"trainer rank 0: pid (\d+) on ")
+OWN_PIDS = re.compile(r"started engine pid (\d+)|\((?:RolloutManager|TrainActor|EngineHost) pid=(\d+)")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _argv(model: pathlib.Path, out: pathlib.Path, stopped_timeout_s: float) -> list[str]:
+    return [
+        sys.executable, str(REPO / "apps" / "train"),
+        "--train-backend", "fsdp", "--hf-checkpoint", str(model),
+        "--prompt-data", str(GSM8K), "--input-key", "question", "--label-key", "answer", "--apply-chat-template",
+        "--rm-type", "math", "--advantage-estimator", "grpo",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
+        "--rollout-max-response-len", "16", "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1",
+        "--colocate", "--num-rollout", "2", "--output-dir", str(out), "--save", str(out / "ckpt"),
+        "--actor-stopped-timeout-secs", str(stopped_timeout_s),
+    ]  # fmt: skip
+
+
+class _Run:
+    """The driver as a subprocess, its merged output read by a thread; `until(pattern)` waits for a line."""
+
+    def __init__(self, argv: list[str], ray_tmp: str):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLIME_LOG_LEVEL": "INFO", "RAY_ADDRESS": "",
+               "RAY_TMPDIR": ray_tmp, "SLIME_ENGINE_BASE_PORT": str(random.randint(30000, 59000))}  # fmt: skip
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     cwd=REPO)  # fmt: skip
+        self.lines: list[str] = []
+        self.tree: dict[int, int] = {}  # pid -> start time of every process seen under the driver (`wait`)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def until(self, pattern: str, timeout: float = 600) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in list(self.lines):
+                if m := re.search(pattern, line):
+                    return m
+            assert self.proc.poll() is None, f"the run ended before {pattern!r}:\n{self.output[-6000:]}"
+            assert time.monotonic() < deadline, f"no {pattern!r} within {timeout} s:\n{self.output[-6000:]}"
+            time.sleep(0.1)
+
+    def wait(self, timeout: float = 300) -> int:
+        """Waits for the driver to exit, recording every process under it meanwhile (`tree`)."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None:
+            self.tree.update(descendants(self.proc.pid))  # Ray's processes, the actors, engines, reward workers
+            if time.monotonic() > deadline:
+                pytest.fail(f"the run did not end within {timeout} s (a hang):\n{self.output[-6000:]}")
+            time.sleep(0.5)
+        self.thread.join(timeout=30)
+        return self.proc.returncode
+
+    def own_pids(self) -> set[int]:
+        """The pids of the run's trainer rank, rollout manager, engine host and engines it printed."""
+        return {int(a or b) for a, b in OWN_PIDS.findall(self.output)}
+
+    def close(self, stopped: int | None) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=60)
+        state = read_proc_state(stopped) if stopped is not None else None
+        if state is not None and state.stopped:  # never leave a stopped process behind
+            os.kill(stopped, signal.SIGKILL)
+
+
+def _left_behind(tree: dict[int, int], timeout: float = 60) -> list[str]:
+    """The processes of `tree` (pid -> start time) still running after `timeout` (a process that reused a pid is not).
+
+    Ray's workers exit on their own once the raylet is gone, and a reward worker once its parent is: give them time.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        left = []
+        for pid, start in tree.items():
+            state = read_proc_state(pid)
+            if state is not None and state.start_ticks == start and state.state != "Z":
+                cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160]
+                left.append(f"{pid} ({state.state}): {cmdline.decode(errors='replace')}")
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+# (which process, the line that gives its pid, what the driver waits on when it is stopped at rollout 1's start)
+_STOPPED = {
+    # Rollout 0 trained and its weights pushed: the rank sleeps (colocated) until the driver wakes it to train.
+    "trainer rank 0": (RANK_LINE.pattern, "the trainer ranks' wake_up call"),
+    # Rollout 1 generating: the driver waits on it; the engines (children of its engine hosts) must go with it.
+    "the rollout manager": (r"\(RolloutManager pid=(\d+)", "the rollout manager's generation of rollout 1"),
+}
+
+
+@pytest.mark.parametrize("name", list(_STOPPED))
+def test_a_stopped_process_ends_the_run_in_one_line_and_leaves_no_process(tiny_qwen3, tmp_path, name):
+    pid_line, waited_on = _STOPPED[name]
+    ray_tmp = tempfile.mkdtemp(prefix="ray-stopped-")
+    out = tmp_path / "run"
+    run = _Run(_argv(tiny_qwen3, out, 5), ray_tmp)
+    pid = None
+    try:
+        pid = int(run.until(pid_line).group(1))
+        run.until(r"rollout 1: started$")
+        os.kill(pid, signal.SIGSTOP)
+        status = run.wait()
+    finally:
+        run.close(pid)
+    output = run.output
+    assert status == 1, output[-6000:]
+    errors = [line for line in output.splitlines() if line.startswith("slime: error:")]
+    assert len(errors) == 1, output[-6000:]
+    stopped = re.fullmatch(
+        rf"slime: error: {name} \(pid {pid} on [\d.]+\) has been stopped for (\d+) s \(SIGSTOP, a debugger or job "
+        rf"control\) while the driver waited on {waited_on}; the run ends after --actor-stopped-timeout-secs 5 "
+        rf"\(`kill -CONT {pid}` resumes a process stopped by mistake; 0 waits for ever\); resume from the last "
+        rf"checkpoint with --load {re.escape(str(out / 'ckpt'))}",
+        errors[0],
+    )
+    assert stopped, errors[0]
+    assert 5 <= int(stopped.group(1)) <= 30, errors[0]  # timed from the stop the driver saw, not far past it
+    assert "Traceback" not in output, output[-6000:]
+    assert re.search(rf"{name} \(pid {pid} on [\d.]+\) is stopped \(process state T\)", output), output[-6000:]
+    # No orphan: the stopped process (killed by the teardown), the other actors, the engines, Ray's own processes.
+    assert pid in run.tree and run.own_pids() <= set(run.tree), (pid, run.own_pids(), run.tree)
+    assert not _left_behind(run.tree), _left_behind(run.tree)
+
+
+def test_a_trainer_rank_continued_before_the_timeout_lets_the_run_finish(tiny_qwen3, tmp_path):
+    ray_tmp = tempfile.mkdtemp(prefix="ray-continued-")
+    out = tmp_path / "run"
+    run = _Run(_argv(tiny_qwen3, out, 120), ray_tmp)
+    pid = None
+    try:
+        pid = int(run.until(RANK_LINE.pattern).group(1))
+        run.until(r"rollout 1: started$")
+        os.kill(pid, signal.SIGSTOP)
+        run.until(rf"trainer rank 0 \(pid {pid} on [\d.]+\) is stopped")  # the driver waits on it, and saw the stop
+        os.kill(pid, signal.SIGCONT)
+        status = run.wait()
+    finally:
+        run.close(pid)
+    output = run.output
+    assert status == 0, output[-6000:]
+    assert re.search(rf"trainer rank 0 \(pid {pid} on [\d.]+\) resumed after \d+ s stopped", output), output[-6000:]
+    assert "slime: error" not in output
+    assert tracker_step(out / "ckpt") == 2  # the checkpoint after the last rollout (1) was committed
