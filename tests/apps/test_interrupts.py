@@ -104,14 +104,14 @@ print([signal.getsignal(s) is interrupts._handler for s in (signal.SIGTERM, sign
 
 RAY_STACK = re.compile(r"SIGTERM received|logging\.cc|core dumped|Traceback|\(unknown\)")
 
-# The demo's rollouts 0 and 1 as usual (64 prompts x 8 samples: sample indices 0..1023, the data source numbers them
-# across rollouts); rollout 2's generations never end: a long response, a slow environment.
+# The demo's rollouts 0 and 1 as usual (the data source numbers samples across rollouts: 0..1023 at 64 prompts x 8
+# samples); rollout 2's generations never end: a long response, a slow environment.
 SLOW_FROM_ROLLOUT_2 = """
 import asyncio
 
 from slime.rollout.sglang_rollout import generate as default_generate
 
-SLOW_FROM = 2 * 64 * 8
+SLOW_FROM = {slow_from}
 
 
 async def generate(args, sample, sampling_params):
@@ -138,9 +138,10 @@ def test_the_demo_driver_stops_cleanly_on_a_signal_during_a_long_generation(tmp_
       cleanly" with a GetTimeoutError traceback, and left the engines to die with Ray. Now `dispose` runs beside the
       generation and stops the engines at once.
     """
-    from slime_app.demo import default_demo_argv
+    from slime_app.demo import DEMO_HPARAMS, default_demo_argv
 
-    (tmp_path / "slow_generate.py").write_text(SLOW_FROM_ROLLOUT_2)
+    per_rollout = int(DEMO_HPARAMS["rollout-batch-size"]) * int(DEMO_HPARAMS["n-samples-per-prompt"])
+    (tmp_path / "slow_generate.py").write_text(SLOW_FROM_ROLLOUT_2.format(slow_from=2 * per_rollout))
     # No evaluation before rollout 0 (the demo's 128 prompts x 8 samples): the signal comes in rollout 2 either way.
     argv = [sys.executable, str(REPO / "apps" / "train"), *default_demo_argv(tmp_path / "run"), "--num-rollout", "50",
             "--skip-eval-before-train", "--custom-generate-function-path", "slow_generate.generate"]  # fmt: skip
