@@ -5,9 +5,9 @@
    counts what the question asks for.
 2. The committed model and processor load in transformers and lay a prompt out as the engine and trainer expect
    (4 image tokens between the vision markers).
-3. (slow) `apps/train --config examples/geo3k-vlm/cpu.yaml`, cut to 2 small rollouts and one evaluation: the run
-   completes, the dumped samples carry their images and vision tensors, rewards are the math grade of the response
-   against the label, and the trainer's first-step log-probs equal the engine's.
+3. (slow) `apps/train --config examples/geo3k-vlm/cpu.yaml`, cut to 2 small rollouts: the run completes, the
+   dumped samples carry their images and vision tensors, rewards are the math grade of the response against the
+   label, and the trainer's first-step log-probs equal the engine's.
 """
 
 import importlib.util
@@ -121,10 +121,7 @@ def test_example_config_runs_two_small_rollouts(tmp_path):
     argv = [
         sys.executable, str(REPO / "apps" / "train"), "--config", str(EXAMPLE / "cpu.yaml"),
         "--num-rollout", "2", "--rollout-batch-size", "4", "--global-batch-size", "32", "--micro-batch-size", "32",
-        # One evaluation (after the last rollout, as every run ends) instead of two: that it runs and is reported is
-        # what this run shows; its 128 prompts before rollout 0 were the same work again.
-        "--eval-interval", "2", "--skip-eval-before-train", "--n-samples-per-eval-prompt", "2",
-        "--output-dir", str(out),
+        "--eval-interval", "2", "--n-samples-per-eval-prompt", "2", "--output-dir", str(out),
         "--save-debug-rollout-data", str(out / "dumps" / "rollout_{rollout_id}.pt"),
     ]  # fmt: skip
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=880)
