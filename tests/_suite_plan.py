@@ -57,7 +57,7 @@ FORKS_RANKS = (
 # Since these seconds, every CPU run of apps/train is about 8 CPU-s cheaper (the weight check's checksums 2.5x
 # faster, no idle Ray worker per bundle): test_original_plugin_e2e.py (one run) 86.1/93.3 -> 79.9/83.2 CPU-s.
 LONGEST_FIRST = (
-    "tests/apps/test_train_e2e.py",  # 507 s
+    "tests/apps/test_train_e2e.py",  # 507 s; 418 s since its SIGKILL resume rides on the --async one (271 -> 224 CPU-s)
     "tests/slime-train-fsdp/test_compile_warmup.py",  # 319 s; its real steps 60 -> 23 CPU-s each since (110 tokens)
     "tests/apps/test_fully_async_e2e.py",  # 243 s
     "tests/apps/test_ppo_opd_e2e.py",  # 220 s
@@ -65,11 +65,11 @@ LONGEST_FIRST = (
     "tests/apps/test_faults_e2e.py",  # 197 s; about 154 s since its two runs became one (171.5 -> 134.0 s here)
     "tests/apps/test_nodes_e2e.py",  # 138 s
     "tests/apps/test_vlm_pipeline.py",  # 111 s
-    "tests/apps/test_interrupts.py",  # 109 s (less the two runs' evaluation before rollout 0, ~5 s each)
     "tests/apps/test_geo3k_vlm_example.py",  # 98 s
     "tests/slime-compat/test_original_plugin_e2e.py",  # 87 s (its run: 90 -> 82 CPU-s since, two pairs)
     "tests/apps/test_routing_replay_e2e.py",  # 82 s
     "tests/apps/test_fp8_rollout_e2e.py",  # 81 s
+    "tests/apps/test_interrupts.py",  # 109 s then; 81 s since its three demo runs became two (122 -> 91 CPU-s)
     "tests/slime-train-megatron/test_layer_fusions.py",  # 76 s
     "tests/slime-envs/",  # 65 s
     "tests/apps/test_sft_e2e.py",  # 52 s

@@ -2,8 +2,8 @@
 
 A SIGTERM to `uv run apps/train` printed Ray's C++ stack ("*** SIGTERM received ***", `logging.cc`) and exited 15
 or 134. Now: one line naming the signal, the run torn down (engines, actors, Ray, the TensorBoard writer flushed),
-exit status 128 + the signal's number. The first tests drive the handler in a small program (no Ray); the last one
-runs the real demo under Ray and signals it once its second rollout has started.
+exit status 128 + the signal's number. The first tests drive the handler in a small program (no Ray); the slow ones
+run the real demo under Ray and signal it while a generation of its third rollout is in flight (one run per signal).
 """
 
 import os
@@ -104,31 +104,69 @@ print([signal.getsignal(s) is interrupts._handler for s in (signal.SIGTERM, sign
 
 RAY_STACK = re.compile(r"SIGTERM received|logging\.cc|core dumped|Traceback|\(unknown\)")
 
+# The demo's rollouts 0 and 1 as usual (the data source numbers samples across rollouts: 0..1023 at 64 prompts x 8
+# samples); rollout 2's generations never end: a long response, a slow environment.
+SLOW_FROM_ROLLOUT_2 = """
+import asyncio
+
+from slime.rollout.sglang_rollout import generate as default_generate
+
+SLOW_FROM = {slow_from}
+
+
+async def generate(args, sample, sampling_params):
+    if sample.index < SLOW_FROM:
+        return await default_generate(args, sample, sampling_params)
+    if sample.index == SLOW_FROM:
+        print("slow generation in flight", flush=True)  # reaches the driver's output (log_to_driver)
+    await asyncio.sleep(3600)
+    return sample
+"""
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_the_demo_driver_stops_cleanly_on_a_signal(tmp_path, tb_scalars, sig):
-    from slime_app.demo import default_demo_argv
+def test_the_demo_driver_stops_cleanly_on_a_signal_during_a_long_generation(tmp_path, tb_scalars, sig):
+    """The demo under Ray, signalled in its third rollout while a generation that never ends is in flight.
 
-    # No evaluation before rollout 0 (the demo's 128 prompts x 8 samples): the signal comes at rollout 2 either way.
+    One run per signal checks what two runs checked before (the second ran `--debug-rollout-only` with every
+    generation slow; the trainer changes nothing in how the driver stops the rollout side):
+    - the driver exits with 128 + the signal's number, says so in one line, prints no Ray stack, stops the engines
+      with the run (not left to the reaper), and the metrics of the finished rollouts reach TensorBoard.
+    - issue 27: the rollout manager's `dispose` queued behind the generation in flight (one thread per actor), so a
+      signal mid-rollout waited out the driver's 60 s limit on it, logged "rollout manager did not shut down
+      cleanly" with a GetTimeoutError traceback, and left the engines to die with Ray. Now `dispose` runs beside the
+      generation and stops the engines at once.
+    """
+    from slime_app.demo import DEMO_HPARAMS, default_demo_argv
+
+    per_rollout = int(DEMO_HPARAMS["rollout-batch-size"]) * int(DEMO_HPARAMS["n-samples-per-prompt"])
+    (tmp_path / "slow_generate.py").write_text(SLOW_FROM_ROLLOUT_2.format(slow_from=2 * per_rollout))
+    # No evaluation before rollout 0 (the demo's 128 prompts x 8 samples): the signal comes in rollout 2 either way.
     argv = [sys.executable, str(REPO / "apps" / "train"), *default_demo_argv(tmp_path / "run"), "--num-rollout", "50",
-            "--skip-eval-before-train"]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLIME_LOG_LEVEL": "INFO"}
+            "--skip-eval-before-train", "--custom-generate-function-path", "slow_generate.generate"]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLIME_LOG_LEVEL": "INFO", "PYTHONPATH": str(tmp_path),
+           "RAY_ADDRESS": ""}  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
     lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "rollout 2: started" in line:  # a known phase: two steps logged, engines and trainer up
-            break
-    else:
-        pytest.fail("the demo ended before its third rollout:\n" + "".join(lines[-30:]))
-    proc.send_signal(sig)
-    rest = proc.stdout.read()
-    status = proc.wait(timeout=300)
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "slow generation in flight" in line:  # rollouts 0 and 1 trained, engines and trainer up
+                break
+        else:
+            pytest.fail("the demo ended before its third rollout's generation:\n" + "".join(lines[-30:]))
+        assert "rollout 2: started" in "".join(lines)
+        proc.send_signal(sig)
+        rest = proc.stdout.read()
+        status = proc.wait(timeout=240)
+    finally:
+        proc.kill()
     output = "".join(lines) + rest
     assert status == 128 + sig, rest[-3000:]
     assert rest.count(f"slime: interrupted by {sig.name}, shutting down\n") == 1
     assert not RAY_STACK.search(rest), rest[-3000:]
+    assert "did not shut down cleanly" not in rest, rest[-3000:]
     # The engines were stopped with the run (not left to the reaper: the driver exited normally).
     engine_pids = [int(p) for p in re.findall(r"started engine pid (\d+)", output)]
     assert engine_pids and not any(os.path.exists(f"/proc/{pid}") for pid in engine_pids)
@@ -142,47 +180,3 @@ def test_main_puts_the_handlers_back_for_a_program_that_calls_it():
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     assert main(["--no-such-flag"]) == 2  # in this process: pytest's own Ctrl-C handling must survive it
     assert {sig: signal.getsignal(sig) for sig in before} == before
-
-
-SLOW_GENERATE = """
-import asyncio
-
-
-async def generate(args, sample, sampling_params):
-    if sample.index == 0:
-        print("slow generation in flight", flush=True)  # reaches the driver's output (log_to_driver)
-    await asyncio.sleep(3600)  # a long generation (a long response, a slow environment)
-    return sample
-"""
-
-
-def test_a_signal_during_a_long_generation_stops_the_engines_without_waiting_for_it(tmp_path):
-    # Issue 27: the rollout manager's `dispose` queued behind the generation in flight (one thread per actor), so a
-    # SIGTERM mid-rollout waited out the driver's 60 s limit on it, logged "rollout manager did not shut down
-    # cleanly" with a GetTimeoutError traceback, and left the engines to die with Ray. Now `dispose` runs beside the
-    # generation and stops the engines at once. (--debug-rollout-only: no trainer needed to show it.)
-    from slime_app.demo import default_demo_argv
-
-    (tmp_path / "slow_generate.py").write_text(SLOW_GENERATE)
-    argv = [sys.executable, str(REPO / "apps" / "train"), *default_demo_argv(tmp_path / "run"), "--debug-rollout-only",
-            "--skip-eval-before-train", "--custom-generate-function-path", "slow_generate.generate"]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLIME_LOG_LEVEL": "INFO", "PYTHONPATH": str(tmp_path),
-           "RAY_ADDRESS": ""}  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if "slow generation in flight" in line:
-                break
-        else:
-            pytest.fail("the run ended before its first generation:\n" + "".join(lines[-30:]))
-        proc.send_signal(signal.SIGTERM)
-        rest = proc.stdout.read()
-        status = proc.wait(timeout=240)
-    finally:
-        proc.kill()
-    assert status == 143, rest[-3000:]
-    assert "did not shut down cleanly" not in rest and "Traceback" not in rest, rest[-3000:]
-    engine_pids = [int(p) for p in re.findall(r"started engine pid (\d+)", "".join(lines) + rest)]
-    assert engine_pids and not any(os.path.exists(f"/proc/{pid}") for pid in engine_pids)

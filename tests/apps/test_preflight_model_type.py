@@ -34,3 +34,26 @@ def test_a_model_with_its_own_code_is_not_refused_by_type(tmp_path):
     from slime_app.model_files import check_model_type
 
     check_model_type(str(_model(tmp_path, model_type="foo_bar", auto_map={"AutoConfig": "x.FooConfig"})))
+
+
+def test_the_known_model_types_are_ones_transformers_builds():
+    import transformers
+
+    from slime_app.model_files import KNOWN_MODEL_TYPES
+
+    assert KNOWN_MODEL_TYPES <= set(transformers.CONFIG_MAPPING), KNOWN_MODEL_TYPES - set(transformers.CONFIG_MAPPING)
+
+
+def test_a_known_model_type_is_checked_without_importing_transformers(tmp_path):
+    # The driver imported transformers (1.2 CPU-s on top of torch, in every run and preflight) only for this lookup.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom slime_app.model_files import check_model_type\n"
+        f"check_model_type({str(_model(tmp_path))!r})\n"  # the demo's qwen3
+        "print('transformers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout == "False\n"

@@ -4,8 +4,10 @@
    `benchmarks/bench_e2e.sh` in its CPU smoke mode: 2 rollouts complete, chat-template prompts and GSM8K labels
    reach the reward, the first-step check holds with the engine's nucleus replayed, outputs are written, and the
    benchmark prints and appends one well-formed result line.
-2. Resume: a run killed with SIGKILL after its rollout-1 checkpoint resumes at rollout 2 with the
-   same data order as an uninterrupted run.
+2. LoRA through the loop: base + adapter served, only the adapter synced and exported.
+3. `--async` on bfloat16 (three runs): one step off-policy; resumed from its rollout-0 save in the data order; that
+   resumed run killed with SIGKILL after its rollout-1 checkpoint resumes at rollout 2 with the same data order as
+   an uninterrupted run.
 """
 
 import json
@@ -174,61 +176,6 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def test_resume_after_sigkill(tiny_qwen3, tmp_path):
-    ckpt = tmp_path / "ckpt"
-    flags = ["--num-rollout", "3", "--rollout-shuffle", "--save", str(ckpt), "--save-interval", "1"]
-
-    # Run 1: killed once the checkpoint of rollout 1 is committed.
-    out1 = tmp_path / "run1"
-    log1 = open(tmp_path / "run1.log", "w")
-    proc = subprocess.Popen(
-        _argv(tiny_qwen3, out1, *flags), cwd=REPO, env=_env(), stdout=log1, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    tracker = ckpt / "latest_checkpointed_iteration.txt"
-    deadline = time.time() + 900
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            if tracker.exists() and tracker.read_text().strip() == "2":
-                break
-            time.sleep(0.5)
-        assert proc.poll() is None, (tmp_path / "run1.log").read_text()[-6000:]
-        assert tracker.read_text().strip() == "2"
-    finally:
-        _kill_tree(proc)
-        log1.close()
-
-    # Run 2: resumes from the last complete checkpoint at the next rollout id.
-    out2 = tmp_path / "run2"
-    proc2 = subprocess.run(
-        _argv(tiny_qwen3, out2, *flags, "--load", str(ckpt)),
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    log = proc2.stdout + proc2.stderr
-    assert proc2.returncode == 0, log[-6000:]
-    assert "rollout    0" not in proc2.stdout and "rollout    1" not in proc2.stdout
-    assert "rollout    2" in proc2.stdout
-    assert tracker.read_text().strip() == "3"
-
-    # Same data order as an uninterrupted run: the data source replayed from scratch gives these prompts.
-    from slime_core.config import parse_args
-    from slime_rollout.data.source import RolloutDataSource
-
-    args = parse_args(_argv(tiny_qwen3, tmp_path / "unused", *flags)[2:])
-    source = RolloutDataSource(args)
-    expected = [[g[0].prompt for g in source.get_samples(2)] for _ in range(3)]
-    for rollout_id in (2,):
-        got = sorted({s["prompt"] for s in _dump(out2, rollout_id)}, key=expected[rollout_id].index)
-        assert got == expected[rollout_id]
-    # The killed run really saw rollouts 0 and 1, and they differ from 2 (the cursor moved on).
-    assert {s["prompt"] for s in _dump(out1, 1)} == set(expected[1])
-    assert set(expected[1]) != set(expected[2])
-
-
 def test_lora_two_rollouts(tiny_qwen3, tmp_path, tb_scalars):
     """LoRA through the real loop: the engine serves base + the synced adapter (first-step log-probs agree), only
     the adapter is written for the sync, and `--save-hf` exports a PEFT adapter that peft loads on the base."""
@@ -273,31 +220,39 @@ def test_lora_two_rollouts(tiny_qwen3, tmp_path, tb_scalars):
     assert model.peft_config["default"].r == 4
 
 
-def test_async_bf16_run_is_one_step_off_policy_and_resumes_in_the_data_order(make_tiny_qwen3, tmp_path, tb_scalars):
-    """`--async` (disaggregated, one step off-policy) on a bfloat16 checkpoint, then resumed from its rollout-0 save.
+def test_async_bf16_run_is_one_step_off_policy_and_resumes_in_the_data_order_after_sigkill(
+    make_tiny_qwen3, tmp_path, tb_scalars
+):
+    """`--async` (disaggregated, one step off-policy) on a bfloat16 checkpoint; a run resumed from its rollout-0 save
+    and killed with SIGKILL once its own rollout-1 checkpoint is committed; a last run resumed from that checkpoint.
 
-    One run checked for what two runs checked before (the same configuration: `--async`, 3 rollouts, an engine GPU of
-    its own; saving each rollout and shuffling change neither the weight versions nor the timings):
-    - off-policy: rollout N+1 is generated while N trains; weights change only between generations. On a bfloat16
-      checkpoint (the GPU default), the only CPU run of the whole loop in that dtype.
-    - resume: `--async` resumed from a checkpoint trains the prompts an uninterrupted run trains next. Issue 27: the
-      data cursor of a save queued behind the generation of the next rollout, already drawn, so the resume skipped
-      that rollout's prompts (as the original's train_async.py).
+    Three runs check what four checked before (an `--async` run and its resume; a colocated sync run killed after its
+    rollout-1 checkpoint and its resume): the kill and the resume at the next rollout id hold in either loop, and
+    in the one-step-ahead loop the kill comes while the next rollout is already drawn and generating.
+    1. off-policy: rollout N+1 is generated while N trains; weights change only between generations. On a bfloat16
+       checkpoint (the GPU default), the only CPU run of the whole loop in that dtype.
+    2. resume: `--async` resumed from a checkpoint trains the prompts an uninterrupted run trains next. Issue 27: the
+       data cursor of a save queued behind the generation of the next rollout, already drawn, so the resume skipped
+       that rollout's prompts (as the original's train_async.py).
+    3. SIGKILL: a run killed after its rollout-1 checkpoint resumes at rollout 2 (nothing before it runs again) with
+       the same data order as an uninterrupted run, and commits the next checkpoint.
     """
     model = make_tiny_qwen3(tmp_path / "bf16", dtype=torch.bfloat16, hidden_size=32, intermediate_size=64,
                             head_dim=8, max_position_embeddings=1024)  # fmt: skip
-    ckpt = tmp_path / "ckpt"
-    flags = ["--num-rollout", "3", "--rollout-shuffle", "--async", "--rollout-num-gpus", "1", "--save", str(ckpt),
-             "--save-interval", "1"]  # fmt: skip
+    ckpt, ckpt2 = tmp_path / "ckpt", tmp_path / "ckpt2"
 
-    def run(out, *extra) -> subprocess.CompletedProcess:
-        argv = [a for a in _argv(model, out, *flags, *extra) if a != "--colocate"]
-        proc = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+    def argv(out, save, num_rollout, *extra) -> list[str]:
+        flags = ["--num-rollout", str(num_rollout), "--rollout-shuffle", "--async", "--rollout-num-gpus", "1",
+                 "--save", str(save), "--save-interval", "1", *extra]  # fmt: skip
+        return [a for a in _argv(model, out, *flags) if a != "--colocate"]
+
+    def run(*args) -> subprocess.CompletedProcess:
+        proc = subprocess.run(argv(*args), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
         return proc
 
     out = tmp_path / "run1"
-    proc = run(out)
+    proc = run(out, ckpt, 3)
     assert "rollout    2" in proc.stdout
     # Engine weight versions seen by each rollout: one step stale, never mixed within a rollout.
     versions = [{v for s in _dump(out, r) for v in s["weight_versions"]} for r in range(3)]
@@ -310,15 +265,43 @@ def test_async_bf16_run_is_one_step_off_policy_and_resumes_in_the_data_order(mak
         assert sorted(times) == [0, 1, 2] and all(t > 0 for t in times.values()), (key, times)
     assert sorted(tb_scalars(tb, "perf/update_weights_time")) == [0, 1, 2]  # the versions pushed
 
-    run(tmp_path / "run2", "--load", str(ckpt), "--ckpt-step", "1")  # the checkpoint of rollout 0
+    # Run 2: from the checkpoint of rollout 0, saving to a folder of its own (4 rollouts: the kill comes while
+    # rollout 2 trains, not at the run's end); killed once the checkpoint of rollout 1 is committed.
+    out2 = tmp_path / "run2"
+    log2 = open(tmp_path / "run2.log", "w")
+    proc = subprocess.Popen(
+        argv(out2, ckpt2, 4, "--load", str(ckpt), "--ckpt-step", "1"), cwd=REPO, env=_env(), stdout=log2,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    tracker = ckpt2 / "latest_checkpointed_iteration.txt"
+    deadline = time.time() + 900
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if tracker.exists() and tracker.read_text().strip() == "2":
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, (tmp_path / "run2.log").read_text()[-6000:]
+        assert tracker.read_text().strip() == "2"
+    finally:
+        _kill_tree(proc)
+        log2.close()
 
+    # Run 3: resumes from the last complete checkpoint at the next rollout id.
+    out3 = tmp_path / "run3"
+    proc3 = run(out3, ckpt2, 3, "--load", str(ckpt2))
+    assert "rollout    0" not in proc3.stdout and "rollout    1" not in proc3.stdout
+    assert "rollout    2" in proc3.stdout
+    assert tracker.read_text().strip() == "3"
+
+    # Same data order as an uninterrupted run: the data source replayed from scratch gives these prompts.
     from slime_core.config import parse_args
     from slime_rollout.data.source import RolloutDataSource
 
-    argv = [a for a in _argv(model, tmp_path / "unused", *flags)[2:] if a != "--colocate"]
-    source = RolloutDataSource(parse_args(argv))
+    source = RolloutDataSource(parse_args(argv(tmp_path / "unused", ckpt, 3)[2:]))
     expected = [{g[0].prompt for g in source.get_samples(2)} for _ in range(3)]
-    assert [{s["prompt"] for s in _dump(tmp_path / "run1", r)} for r in range(3)] == expected
+    assert [{s["prompt"] for s in _dump(out, r)} for r in range(3)] == expected
     # Was expected[2] then the rollout after it: rollout 1's prompts were skipped.
-    assert [{s["prompt"] for s in _dump(tmp_path / "run2", r)} for r in (1, 2)] == expected[1:]
-    assert not (tmp_path / "run2" / "dumps" / "rollout_0.pt").exists()
+    assert {s["prompt"] for s in _dump(out2, 1)} == expected[1]
+    assert not (out2 / "dumps" / "rollout_0.pt").exists()
+    assert {s["prompt"] for s in _dump(out3, 2)} == expected[2]
+    assert expected[1] != expected[2]  # the cursor moved on: a resume that repeated rollout 1 would fail above

@@ -16,7 +16,14 @@ from slime_core.hf_checkpoint import INDEX_NAME, read_weight_map
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_hf_weights", "check_json_files", "check_model_type", "check_opd_teacher", "weight_readers"]
+__all__ = [
+    "KNOWN_MODEL_TYPES",
+    "check_hf_weights",
+    "check_json_files",
+    "check_model_type",
+    "check_opd_teacher",
+    "weight_readers",
+]
 
 
 # The JSON files of a model folder that config, tokenizer and weight loading parse.
@@ -57,20 +64,33 @@ def check_json_files(folder: str) -> None:
             raise ValueError(f"--hf-checkpoint: {e}") from None
 
 
+# Model types the workspace's transformers (pinned in uv.lock) builds, and the ones slime's stacks serve and train:
+# their check needs no `import transformers`, which the driver otherwise does for this lookup alone (measured: 1.2
+# CPU-s on top of torch, in every run and preflight). tests/apps/test_preflight_model_type.py checks the set against
+# transformers' own mapping, so an upgrade that drops one fails there.
+KNOWN_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen3", "qwen3_moe",
+                               "qwen3_vl", "qwen3_vl_moe", "glm4"})  # fmt: skip
+
+
 def check_model_type(folder: str) -> None:
     """config.json's `model_type` must be one transformers builds or bring its code (an unknown one failed in Ray).
+
+    A type in `KNOWN_MODEL_TYPES` passes without importing transformers; any other is looked up in
+    `transformers.CONFIG_MAPPING`.
 
     Raises:
         ValueError: naming the flag, the folder, the model type and the transformers version.
     """
     import json
 
-    import transformers
-
     with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     model_type = config.get("model_type") if isinstance(config, dict) else None
-    if not isinstance(config, dict) or config.get("auto_map") or model_type in transformers.CONFIG_MAPPING:
+    if not isinstance(config, dict) or config.get("auto_map") or model_type in KNOWN_MODEL_TYPES:
+        return
+    import transformers
+
+    if model_type in transformers.CONFIG_MAPPING:
         return
     raise ValueError(
         f"--hf-checkpoint {folder}: config.json's model_type {model_type!r} is not one transformers "
