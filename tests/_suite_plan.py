@@ -61,16 +61,16 @@ LONGEST_FIRST = (
     "tests/slime-train-fsdp/test_compile_warmup.py",  # 319 s; its real steps 60 -> 23 CPU-s each since (110 tokens)
     "tests/apps/test_fully_async_e2e.py",  # 243 s
     "tests/apps/test_ppo_opd_e2e.py",  # 220 s
-    "tests/benchmarks/test_bench_smoke.py",  # 166 s
     "tests/apps/test_faults_e2e.py",  # 197 s; about 154 s since its two runs became one (171.5 -> 134.0 s here)
+    "tests/benchmarks/test_bench_smoke.py",  # 166 s; about 151 s since one Megatron run less (130.6 -> 118.7 CPU-s)
     "tests/apps/test_nodes_e2e.py",  # 138 s
     "tests/apps/test_vlm_pipeline.py",  # 111 s
-    "tests/apps/test_geo3k_vlm_example.py",  # 98 s
+    "tests/apps/test_geo3k_vlm_example.py",  # 98 s; about 91 s since one eval less (87.1 -> 81.2 CPU-s)
     "tests/slime-compat/test_original_plugin_e2e.py",  # 87 s (its run: 90 -> 82 CPU-s since, two pairs)
     "tests/apps/test_routing_replay_e2e.py",  # 82 s
     "tests/apps/test_fp8_rollout_e2e.py",  # 81 s
     "tests/apps/test_interrupts.py",  # 109 s then; 81 s since its three demo runs became two (122 -> 91 CPU-s)
-    "tests/slime-train-megatron/test_layer_fusions.py",  # 76 s
+    "tests/slime-train-megatron/test_layer_fusions.py",  # 76 s; about 68 s since one baseline run (72.8 -> 64.8 CPU-s)
     "tests/slime-envs/",  # 65 s
     "tests/apps/test_sft_e2e.py",  # 52 s
     "tests/slime-train-fsdp/test_fused_head.py",  # 49 s

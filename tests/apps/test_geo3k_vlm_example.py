@@ -5,9 +5,9 @@
    counts what the question asks for.
 2. The committed model and processor load in transformers and lay a prompt out as the engine and trainer expect
    (4 image tokens between the vision markers).
-3. (slow) `apps/train --config examples/geo3k-vlm/cpu.yaml`, cut to 2 small rollouts: the run completes, the
-   dumped samples carry their images and vision tensors, rewards are the math grade of the response against the
-   label, and the trainer's first-step log-probs equal the engine's.
+3. (slow) `apps/train --config examples/geo3k-vlm/cpu.yaml`, cut to 2 small rollouts and one evaluation (after the
+   last rollout): the run completes, the dumped samples carry their images and vision tensors, rewards are the math
+   grade of the response against the label, and the trainer's first-step log-probs equal the engine's.
 """
 
 import importlib.util
@@ -121,12 +121,14 @@ def test_example_config_runs_two_small_rollouts(tmp_path):
     argv = [
         sys.executable, str(REPO / "apps" / "train"), "--config", str(EXAMPLE / "cpu.yaml"),
         "--num-rollout", "2", "--rollout-batch-size", "4", "--global-batch-size", "32", "--micro-batch-size", "32",
-        "--eval-interval", "2", "--n-samples-per-eval-prompt", "2", "--output-dir", str(out),
+        # One evaluation, after the last rollout: its 128 prompts x 2 samples were 4x the rollouts' generations.
+        "--eval-interval", "2", "--skip-eval-before-train", "--n-samples-per-eval-prompt", "2",
+        "--output-dir", str(out),
         "--save-debug-rollout-data", str(out / "dumps" / "rollout_{rollout_id}.pt"),
     ]  # fmt: skip
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=880)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "eval accuracy:" in proc.stdout
+    assert "eval accuracy:" in proc.stdout and "(one eval)" in proc.stdout
 
     # The trainer's log-probs of the engine's samples equal the engine's (the loop's |Δlogp| column).
     gaps = [float(g) for g in re.findall(r"\|Δlogp\|=([0-9.eE+-]+)", proc.stdout)]

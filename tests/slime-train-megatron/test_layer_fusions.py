@@ -54,28 +54,53 @@ def _assert_same(got, expected):
         assert s_got["train/grad_norm"] == pytest.approx(s_exp["train/grad_norm"], rel=1e-4)
 
 
-def test_megatron_cores_swiglu_and_bias_dropout_fusions_give_the_same_step(cpu_backend_env, tiny_hf, monkeypatch):
+_FUSED = {fused_bias_swiglu: ("swiglu", "swiglu_back"),
+          fused_bias_dropout: ("bias_dropout_add_fused_train", "bias_dropout_add_fused_inference")}  # fmt: skip
+_BASELINE: dict[str, tuple] = {}  # hf dir -> the default path's (log-probs, step metrics), fused calls, compiles
+
+
+@pytest.fixture()
+def baseline(cpu_backend_env, tiny_hf):
+    """The default path's log-probs and step on the tiny Qwen3, computed once for both tests (the same config and
+    batch), with what it called of the fused functions and of `compile_decoder_layers` (both tests assert none)."""
+    from slime_train_megatron import model, trainer_parts
+
     _, hf_dir = tiny_hf("qwen3")
-    base_args = _cases._config(hf_dir)
-    flags = [*base_args.megatron_args, "--bias-swiglu-fusion", "--bias-dropout-fusion"]
+    if str(hf_dir) not in _BASELINE:
+        calls: dict[str, int] = {}
+        compiled = []
+        with pytest.MonkeyPatch.context() as mp:
+            for module, names in _FUSED.items():
+                for name in names:
+                    _eager_spy(mp, module, name, calls)
+            mp.setattr(
+                trainer_parts, "compile_decoder_layers", lambda m: compiled.append(m) or model.compile_decoder_layers(m)
+            )
+            expected = _run(_backend(cpu_backend_env, _cases._config(hf_dir)), _cases._batch())
+        _BASELINE[str(hf_dir)] = (expected, calls, compiled)
+    return (hf_dir, *_BASELINE[str(hf_dir)])
+
+
+def test_megatron_cores_swiglu_and_bias_dropout_fusions_give_the_same_step(cpu_backend_env, baseline, monkeypatch):
+    hf_dir, expected, baseline_calls, _ = baseline
+    assert baseline_calls == {}  # the default path does not touch the fused functions
+    flags = [*_cases._config(hf_dir).megatron_args, "--bias-swiglu-fusion", "--bias-dropout-fusion"]
     fused_args = _cases._config(hf_dir, megatron_args=flags)
     calls: dict[str, int] = {}
-    _eager_spy(monkeypatch, fused_bias_swiglu, "swiglu", calls)
-    _eager_spy(monkeypatch, fused_bias_swiglu, "swiglu_back", calls)
-    _eager_spy(monkeypatch, fused_bias_dropout, "bias_dropout_add_fused_train", calls)
-    _eager_spy(monkeypatch, fused_bias_dropout, "bias_dropout_add_fused_inference", calls)
-
-    expected = _run(_backend(cpu_backend_env, base_args), _cases._batch())
-    assert calls == {}  # the default path does not touch the fused functions
+    for module, names in _FUSED.items():
+        for name in names:
+            _eager_spy(monkeypatch, module, name, calls)
     fused = _backend(cpu_backend_env, fused_args)
     assert fused.module.config.bias_activation_fusion and fused.module.config.bias_dropout_fusion
     _assert_same(_run(fused, _cases._batch()), expected)
     assert set(calls) == {"swiglu", "swiglu_back", "bias_dropout_add_fused_train", "bias_dropout_add_fused_inference"}
 
 
-def test_compiled_decoder_layers_give_the_same_step(cpu_backend_env, tiny_hf, monkeypatch):
+def test_compiled_decoder_layers_give_the_same_step(cpu_backend_env, baseline, monkeypatch):
     from slime_train_megatron import model, trainer_parts
 
+    hf_dir, expected, _, baseline_compiled = baseline
+    assert baseline_compiled == []  # the default path compiles no layer
     compiled = []
 
     def compile_aot_eager(module):
@@ -83,11 +108,7 @@ def test_compiled_decoder_layers_give_the_same_step(cpu_backend_env, tiny_hf, mo
         return compiled[-1]
 
     monkeypatch.setattr(trainer_parts, "compile_decoder_layers", compile_aot_eager)
-    _, hf_dir = tiny_hf("qwen3")
-    base_args = _cases._config(hf_dir)
-    expected = _run(_backend(cpu_backend_env, base_args), _cases._batch())
-    assert compiled == []
-    flags = [*base_args.megatron_args, "--megatron-compile-layers"]
+    flags = [*_cases._config(hf_dir).megatron_args, "--megatron-compile-layers"]
     backend = _backend(cpu_backend_env, _cases._config(hf_dir, megatron_args=flags))
     assert compiled == [2]  # both decoder layers of the tiny model
     torch._dynamo.utils.counters.clear()
