@@ -65,6 +65,7 @@ LONGEST_FIRST = (
     "tests/benchmarks/test_bench_smoke.py",  # 166 s; about 151 s since one Megatron run less (130.6 -> 118.7 CPU-s)
     "tests/apps/test_nodes_e2e.py",  # 138 s
     "tests/apps/test_vlm_pipeline.py",  # 111 s
+    "tests/apps/test_actor_stopped_e2e.py",  # new: two runs, about 110 s (estimated from one-run files)
     "tests/apps/test_geo3k_vlm_example.py",  # 98 s; about 91 s since one eval less (87.1 -> 81.2 CPU-s)
     "tests/slime-compat/test_original_plugin_e2e.py",  # 87 s (its run: 90 -> 82 CPU-s since, two pairs)
     "tests/apps/test_routing_replay_e2e.py",  # 82 s
