@@ -88,3 +88,27 @@ def test_plugins_read_given_engine_flags_as_the_originals_sglang_attributes():
     # Fields keep their own values, and the view survives the copies plugins make of it (multi_agent deep-copies).
     assert args.sglang_server_concurrency == config.sglang_server_concurrency and args.sglang_router_ip is None
     assert copy.deepcopy(args).sglang_tool_call_parser == pickle.loads(pickle.dumps(args)).sglang_tool_call_parser
+
+
+def _config_file_args(tmp_path, engine_flags: str) -> list[str]:
+    path = tmp_path / "run.yaml"
+    path.write_text(f"rollout_batch_size: 4\nnum_rollout: 1\nsglang_args:\n{engine_flags}")
+    return ["--config", str(path)]
+
+
+def test_a_config_files_dashed_engine_keys_are_validated_under_their_field(tmp_path):
+    # Before: `sglang-dp-size: "2"` was kept as that key, so `sglang_args.get("dp_size")` saw 1 and the missing
+    # --sglang-enable-dp-attention passed validation (and preflight/placement sized dp and pp as 1).
+    with pytest.raises(ConfigError, match="--sglang-dp-size > 1 requires --sglang-enable-dp-attention"):
+        parse_args(_config_file_args(tmp_path, '  sglang-dp-size: "2"\n'))
+    with pytest.raises(ConfigError, match="--rollout-num-gpus-per-engine 1 must be divisible by --sglang-pp-size 2"):
+        parse_args(_config_file_args(tmp_path, '  pp-size: "2"\n'))
+    args = parse_args(_config_file_args(tmp_path, '  sglang-dp-size: "2"\n  enable-dp-attention: true\n'))
+    assert args.sglang_args == {"dp_size": "2", "enable_dp_attention": True}
+
+
+def test_one_engine_field_given_twice_with_different_values_is_refused():
+    with pytest.raises(ConfigError, match=r"--sglang-dp-size: given twice with different values, as 'dp_size'"):
+        SlimeArgs.from_dict(
+            {"rollout_batch_size": 4, "num_rollout": 1, "sglang_args": {"dp_size": "2", "dp-size": "4"}}
+        )

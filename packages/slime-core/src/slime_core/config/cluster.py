@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
-from slime_core.config.base import ArgsGroup, arg, check_registered, parse_json_dict
+from slime_core.config.base import ArgsGroup, ConfigError, arg, check_registered, parse_json_dict
+from slime_core.config.sglang_flags import sglang_field
 
 __all__ = ["ClusterArgs", "EngineArgs", "WeightSyncArgs"]
 
@@ -172,6 +173,26 @@ class EngineArgs(ArgsGroup):
     router_args: dict[str, str | bool | list[str]] = arg(
         {}, "Pass-through router args collected from --router-<field> [value] flags.", cli=False
     )
+
+    @field_validator("sglang_args", mode="before")
+    @classmethod
+    def _sglang_field_keys(cls, value: Any) -> Any:
+        # One spelling for every reader (validation, preflight sizing, engine placement): a config file's
+        # `sglang_args: {sglang-dp-size: 2}` was otherwise missed by `sglang_args.get("dp_size")`.
+        if not isinstance(value, dict):
+            return value
+        fields: dict[str, Any] = {}
+        given: dict[str, str] = {}
+        for key, item in value.items():
+            field = sglang_field(str(key))
+            if field in fields and fields[field] != item:
+                raise ConfigError(
+                    f"--sglang-{field.replace('_', '-')}: given twice with different values, as {given[field]!r} "
+                    f"({fields[field]!r}) and {key!r} ({item!r})"
+                )
+            fields[field] = item
+            given[field] = str(key)
+        return fields
 
 
 class WeightSyncArgs(ArgsGroup):
