@@ -433,6 +433,22 @@ def test_validated_config_is_frozen_and_plugins_get_a_writable_view_with_engine_
         PluginArgs.from_config(cfg, router_url="10.0.0.1")
 
 
+def test_plugin_view_holds_the_originals_defaults_for_sample_hooks_and_the_eval_function():
+    from slime_core.config import PluginArgs, SlimeArgs
+
+    # Before: None and None; the original's parser gives `[]` (action="append") and copies the rollout function path.
+    path = "my_pkg.rollout.generate"
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 2, "num_rollout": 1, "rollout_function_path": path})
+    view = PluginArgs.from_config(cfg)
+    assert view.rollout_sample_hook_path == [] and view.eval_function_path == path
+    assert cfg.rollout_sample_hook_path is None and cfg.eval_function_path is None  # the config is unchanged
+    given = SlimeArgs.from_dict(
+        {"rollout_batch_size": 2, "num_rollout": 1, "rollout_sample_hook_path": ["a.h"], "eval_function_path": "b.e"}
+    )
+    view = PluginArgs.from_config(given)
+    assert view.rollout_sample_hook_path == ["a.h"] and view.eval_function_path == "b.e"
+
+
 def test_disk_weight_sync_dir_defaults_under_output_dir():
     from slime_core.config import SlimeArgs
 

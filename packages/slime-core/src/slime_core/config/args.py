@@ -300,6 +300,11 @@ class PluginArgs(SlimeArgs):
         values = {name: getattr(config, name) for name in type(config).model_fields}
         # cli.parse_args puts only keys that are not fields there; a field is never shadowed.
         values.update({k: v for k, v in config.custom_config.items() if k not in values})
+        # The original's parser defaults, which plugins read: `--rollout-sample-hook-path` appends to `[]`, and an
+        # unset `--eval-function-path` is the rollout function's path (slime/utils/arguments.py).
+        values["rollout_sample_hook_path"] = list(config.rollout_sample_hook_path or [])
+        if config.eval_function_path is None:
+            values["eval_function_path"] = config.rollout_function_path
         if engine_urls is not None:
             values["rollout_engine_urls"] = list(engine_urls)
         if router_url is not None:

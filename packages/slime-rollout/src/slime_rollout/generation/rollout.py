@@ -505,7 +505,8 @@ def run_rollout(
         metrics = log_hooks.apply_rollout_log_function(args, rollout_id, samples, None, time.perf_counter() - start)
         return RolloutFnTrainOutput(samples=debug_dump.regroup(samples), metrics=metrics)
     path, flag = args.rollout_function_path, "--rollout-function-path"
-    if evaluation and args.eval_function_path:
+    # The plugin view holds the rollout function's path for an unset --eval-function-path; name the flag given.
+    if evaluation and args.eval_function_path and args.eval_function_path != args.rollout_function_path:
         path, flag = args.eval_function_path, "--eval-function-path"
     fn = load_function(path, flag=flag)
     start = time.perf_counter()
