@@ -70,3 +70,22 @@ def test_rounding_noise_is_zero_spread_as_in_the_original():
     # Just below and above the threshold (Bessel's std of [0, d] is d / sqrt(2)).
     assert check_reward_nonzero_std(args, _group(0.0, 1.4e-6)).keep is False  # std 9.9e-7
     assert check_reward_nonzero_std(args, _group(0.0, 1.5e-6)).keep is True  # std 1.06e-6
+
+
+def _drop_the_lowest(args, samples):
+    samples.remove(min(samples, key=lambda s: s.reward))
+    return True
+
+
+def test_a_filter_that_edits_its_sample_list_is_refused_naming_it():
+    import asyncio
+
+    from slime_rollout.generation.filters import call_dynamic_filter
+
+    # Before: the filter got a flat copy, so removing a sample kept the whole group for training and said nothing (the
+    # original shrinks the trained group). Now one error names the filter and the change.
+    args = _args(dynamic_sampling_filter_path=f"{__name__}._drop_the_lowest")
+    group = [Sample(index=0, reward=1.0), [Sample(index=1, reward=0.0), Sample(index=2, reward=0.5)]]
+    with pytest.raises(ValueError, match=r"_drop_the_lowest on samples \[0, 1, 2\]: the filter changed .* \(3 -> 2"):
+        asyncio.run(call_dynamic_filter(args, _drop_the_lowest, group))
+    assert asyncio.run(call_dynamic_filter(args, check_reward_nonzero_std, group)).keep is True

@@ -141,14 +141,25 @@ async def call_dynamic_filter(args: SlimeArgs, fn: Callable[..., Any], group: Se
     Raises:
         DeadlineExceeded: the filter ran past `--plugin-timeout-secs` (the message names it and the samples).
         TypeError: it returned neither a `DynamicFilterOutput` nor a bool.
+        ValueError: it added, removed or replaced entries of the sample list it was given.
         Exception: what the filter raised.
     """
     samples = flatten_group(group)
+    given = list(samples)
     what = f"--dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} on samples {[s.index for s in samples]}"
     convert = functools.partial(_plain_filter_output, what=what)  # a wrong return names the filter in its message
-    return await call_plugin_with_deadline(
+    verdict = await call_plugin_with_deadline(
         fn, args, samples, what=what, convert=convert, plain=_is_plain_verdict, **plugin_bounds(args)
     )
+    # The original hands the filter the group it then trains, so removing samples there shrank the trained group (and
+    # broke the batch invariant and the per-prompt reward grouping downstream); here it gets a flat copy, where the
+    # same edit would silently do nothing. Refused instead: a filter keeps or drops a whole group.
+    if len(samples) != len(given) or any(a is not b for a, b in zip(samples, given, strict=True)):
+        raise ValueError(
+            f"{what}: the filter changed the list of samples it was given ({len(given)} -> {len(samples)} entries); "
+            "a dynamic-sampling filter keeps or drops the whole group: return DynamicFilterOutput(keep=False) instead"
+        )
+    return verdict
 
 
 def should_drop_dynamic_filter_output(
