@@ -190,11 +190,12 @@ def test_the_reward_post_process_runs_once_per_rollout_and_its_output_is_the_met
     batches, reward_metrics = rollout_batches(
         PluginArgs.from_config(cfg), list(group), dp_size=1, rollout_id=0, build=not debug_rollout_only
     )
-    assert POST_PROCESS_CALLS == [[0, 1]]  # once, in the training order
-    assert reward_metrics == {"rollout/rewards": 5.0}  # mean of [10.0, 0.0]
     if debug_rollout_only:
-        assert batches == []
+        # Before: the plugin still ran (and logged its metric); the original's generate returns before it.
+        assert POST_PROCESS_CALLS == [] and reward_metrics == {} and batches == []
     else:
+        assert POST_PROCESS_CALLS == [[0, 1]]  # once, in the training order
+        assert reward_metrics == {"rollout/rewards": 5.0}  # mean of [10.0, 0.0]
         assert batches[0].rewards == [10.0, 0.0] and batches[0].raw_rewards == [1.0, 0.0]
 
 

@@ -55,7 +55,7 @@ def rollout_batches(
         samples: the rollout's samples, flat.
         dp_size: data-parallel ranks of the trainer.
         rollout_id: named in the deadline's message.
-        build: False (`--debug-rollout-only`): no batches, only the plugin's metric.
+        build: False (`--debug-rollout-only`): nothing is built and the plugin does not run (as in the original).
 
     Returns:
         One `RolloutBatch` per data-parallel rank (none when `build` is False), and `{"rollout/rewards": mean}` when
@@ -67,15 +67,19 @@ def rollout_batches(
     from slime_core.train_data import build_rollout_batches, postprocess_rewards, sorted_by_index
     from slime_rollout.runtime.deadlines import call_plugin_with_deadline_sync, plugin_bounds
 
+    if not build:
+        # As the original's RolloutManager.generate: with --debug-rollout-only it returns before converting the samples
+        # to train data, so the reward post-process (a stateful plugin, maybe a remote call) never runs.
+        return [], {}
     path = args.custom_reward_post_process_path
     vocab = policy_vocab_size(args.hf_checkpoint)
     if not path or not samples:
-        return (build_rollout_batches(args, samples, dp_size=dp_size, vocab_size=vocab) if build else []), {}
+        return build_rollout_batches(args, samples, dp_size=dp_size, vocab_size=vocab), {}
     ordered = sorted_by_index(samples)  # the order build_rollout_batches trains in
     what = f"--custom-reward-post-process-path {path} (rollout {rollout_id})"
     rewards = call_plugin_with_deadline_sync(postprocess_rewards, args, ordered, what=what, **plugin_bounds(args))
     metrics = {"rollout/rewards": statistics.fmean(rewards[1])}
-    batches = build_rollout_batches(args, ordered, dp_size=dp_size, rewards=rewards, vocab_size=vocab) if build else []
+    batches = build_rollout_batches(args, ordered, dp_size=dp_size, rewards=rewards, vocab_size=vocab)
     return batches, metrics
 
 
