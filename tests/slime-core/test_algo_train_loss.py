@@ -115,7 +115,9 @@ def test_custom_loss_gets_original_signature_and_reducer(monkeypatch):
     assert float(metrics["n"]) == 3.0 and float(metrics["loss"]) == pytest.approx(3.0, abs=ATOL)
     assert all(not v.requires_grad for v in metrics.values())
     batch = seen["batch"]
-    assert seen["args"].to_dict() == args.to_dict() and batch["advantages"] is None
+    # The plugin view is the config plus the original's defaults for two unset paths (PluginArgs.from_config).
+    view_defaults = {"rollout_sample_hook_path": [], "eval_function_path": args.rollout_function_path}
+    assert seen["args"].to_dict() == {**args.to_dict(), **view_defaults} and batch["advantages"] is None
     assert batch["response_lengths"] == [3, 1, 2] and batch["total_lengths"] == [5, 3, 4]
     assert batch["log_probs"] is b["old_log_probs"] and batch["tokens"] is b["tokens"]
     total.backward()

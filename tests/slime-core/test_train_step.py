@@ -550,3 +550,33 @@ def test_a_custom_loss_gets_the_originals_returns_and_rollout_mask_sums():
     assert seen["values"] is None and seen["teacher_log_probs"] is None
     # The loss: -Σ_i Σ_t m·r·lp / D over both micro-batches (lp = -1) = (1·2/2) + (-0.5·2/2) = 0.5, over 2 samples.
     assert metrics["train/loss"] == pytest.approx(0.25, abs=ATOL)
+
+
+def advantages_without_returns(args, rollout_data):
+    """A custom advantage function that forgets `rollout_data["returns"]`."""
+    rollout_data["advantages"] = [torch.ones_like(m) for m in rollout_data["loss_masks"]]
+
+
+def failing_advantages(args, rollout_data):
+    raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize(
+    ("hook", "message"),
+    [
+        ("advantages_without_returns", r"returns \(rollout 5\) did not set rollout_data\[.returns.\]"),
+        ("failing_advantages", r"boom"),
+    ],
+)
+def test_a_trainer_side_hooks_error_names_the_rollout(hook, message):
+    # Before: "--custom-advantage-function-path <path> did not set ..." named the hook but not which rollout it was.
+    path = f"{__name__}.{hook}"
+    batch = _batch()
+    with pytest.raises((ValueError, RuntimeError), match=message) as info:
+        train_on_rollout(_cfg(custom_advantage_function_path=path), FakeBackend(batch), 5, batch)
+    text = str(info.value) + "".join(getattr(info.value, "__notes__", ()))
+    assert f"--custom-advantage-function-path {path} (rollout 5)" in text
+    # Outside a step, nothing is named (the variable is reset when the step ends, even by an error).
+    from slime_core.hook_deadline import hook_label
+
+    assert hook_label("--custom-loss-function-path m.f") == "--custom-loss-function-path m.f"

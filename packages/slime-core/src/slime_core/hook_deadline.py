@@ -18,14 +18,47 @@ result is discarded). Either way the step fails with `HookDeadlineExceeded` nami
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["HookDeadlineExceeded", "call_hook_with_deadline", "hook_bounds", "note_raised_by"]
+__all__ = [
+    "HookDeadlineExceeded",
+    "call_hook_with_deadline",
+    "hook_bounds",
+    "hook_label",
+    "hooks_of_rollout",
+    "note_raised_by",
+]
+
+# The rollout whose data the trainer is working on, named in every trainer-side hook's messages. A context variable,
+# not an argument: the hooks are called deep inside pure loss/advantage functions that take no rollout id.
+_ROLLOUT_ID: contextvars.ContextVar[int | None] = contextvars.ContextVar("slime_hook_rollout_id", default=None)
+
+
+@contextlib.contextmanager
+def hooks_of_rollout(rollout_id: int) -> Iterator[None]:
+    """Within it, `hook_label` (and so every trainer-side hook's error) names rollout `rollout_id`."""
+    token = _ROLLOUT_ID.set(rollout_id)
+    try:
+        yield
+    finally:
+        _ROLLOUT_ID.reset(token)
+
+
+def hook_label(what: str) -> str:
+    """`what` (a hook's flag and path) with ` (rollout N)` when called within `hooks_of_rollout(N)`, else `what`."""
+    rollout_id = _ROLLOUT_ID.get()
+    suffix = f" (rollout {rollout_id})"
+    if rollout_id is None or what.endswith(suffix):
+        return what
+    return what + suffix
+
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +141,7 @@ def call_hook_with_deadline(
     Args:
         fn: the hook.
         *args: its positional arguments.
-        what: names the hook (its flag and import path) in messages.
+        what: names the hook (its flag and import path) in messages; `hook_label` adds the rollout.
         deadline_s: seconds the call may take.
         flag: the flag that sets the deadline.
         warn_every_s: seconds between "still running" log lines.
@@ -121,6 +154,7 @@ def call_hook_with_deadline(
         HookDeadlineExceeded: it was stopped at its deadline, or it returned past it.
         Exception: what the hook raised, with a note `(raised by <what>)`.
     """
+    what = hook_label(what)
     watchdog = _Watchdog(what, deadline_s, flag, warn_every_s)
     try:
         try:

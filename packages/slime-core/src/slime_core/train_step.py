@@ -54,6 +54,7 @@ from slime_core.config.opd import trainer_side_teacher
 from slime_core.estimators import get_estimator
 from slime_core.flops import model_config, throughput_metrics
 from slime_core.goodput import trained_token_sums
+from slime_core.hook_deadline import hooks_of_rollout
 from slime_core.host_to_device import to_device_many
 from slime_core.step_metrics import (
     length_means,
@@ -410,8 +411,16 @@ def train_on_rollout(
 
     Raises:
         ValueError: `--use-rollout-logprobs` without rollout log-probs in the batch, a batch without
-            optimizer steps or step counts, or any error of the loss / advantage computation.
+            optimizer steps or step counts, or any error of the loss / advantage computation (a trainer-side hook's
+            names its flag, path and `rollout_id`).
     """
+    with hooks_of_rollout(rollout_id):
+        return _train_on_rollout(cfg, backend, rollout_id, batch)
+
+
+def _train_on_rollout(
+    cfg: SlimeArgs, backend: StepBackend, rollout_id: int, batch: RolloutBatch
+) -> tuple[dict[str, float], list[dict[str, float]]]:
     if cfg.use_rollout_logprobs and batch.rollout_log_probs is None:
         raise ValueError("--use-rollout-logprobs needs rollout log-probs in the batch")
     if batch.num_steps == 0:

@@ -24,7 +24,7 @@ from slime_core.algorithms.kl import compute_approx_kl
 from slime_core.config import SlimeArgs, plugin_view
 from slime_core.error_text import preview, shape_or_type
 from slime_core.estimators import get_estimator
-from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
+from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds, hook_label
 from slime_core.plugins import load_function
 
 logger = logging.getLogger(__name__)
@@ -284,15 +284,12 @@ def _custom_advantages(args: SlimeArgs, path, rewards, loss_masks, inputs):
         "response_lengths": [int(m.shape[0]) for m in loss_masks],
         **inputs,
     }
-    call_hook_with_deadline(
-        fn, plugin_view(args), rollout_data, what=f"--custom-advantage-function-path {path}", **hook_bounds(args)
-    )
+    what = hook_label(f"--custom-advantage-function-path {path}")
+    call_hook_with_deadline(fn, plugin_view(args), rollout_data, what=what, **hook_bounds(args))
     for key in ("advantages", "returns"):
         if key not in rollout_data:
-            raise ValueError(f"--custom-advantage-function-path {path!r} did not set rollout_data[{key!r}]")
-        _check_list(
-            f"rollout_data[{key!r}]", rollout_data[key], loss_masks, who=f"--custom-advantage-function-path {path}: "
-        )
+            raise ValueError(f"{what} did not set rollout_data[{key!r}]")
+        _check_list(f"rollout_data[{key!r}]", rollout_data[key], loss_masks, who=f"{what}: ")
     return [a.float() for a in rollout_data["advantages"]], [r.float() for r in rollout_data["returns"]]
 
 

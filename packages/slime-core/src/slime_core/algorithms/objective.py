@@ -29,7 +29,7 @@ from slime_core.config import SlimeArgs, plugin_view
 from slime_core.config.mismatch import uses_mis_helper
 from slime_core.error_text import preview, shape_or_type
 from slime_core.estimators import get_estimator
-from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
+from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds, hook_label
 from slime_core.plugins import load_function
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def _pg_reducer(cfg: SlimeArgs, total_lengths, response_lengths, loss_masks, def
         return default
     factory = load_function(path, flag="--custom-pg-loss-reducer-function-path")
     per_token = cfg.calculate_per_token_loss
-    bounds = {"what": f"--custom-pg-loss-reducer-function-path {path}", **hook_bounds(cfg)}
+    bounds = {"what": hook_label(f"--custom-pg-loss-reducer-function-path {path}"), **hook_bounds(cfg)}
     # Extension over the original signature: factories that declare `args` get the run config.
     extra = {"args": plugin_view(cfg)} if "args" in inspect.signature(factory).parameters else {}
     reducer = call_hook_with_deadline(
@@ -282,7 +282,9 @@ def compute_actor_loss(
             response_lengths=lengths,
         )
         if cfg.custom_tis_function_path:
-            out = _checked_tis_output(out, f"--custom-tis-function-path {cfg.custom_tis_function_path}", lengths)
+            out = _checked_tis_output(
+                out, hook_label(f"--custom-tis-function-path {cfg.custom_tis_function_path}"), lengths
+            )
         pg_tok, new_masks, tis_metrics = out
         # Rejected tokens leave the numerators; the denominators stay the rollout's mask sums. Rebuilt from what it
         # returned whatever object that is, as the original does: masks zeroed in place and returned were taken for

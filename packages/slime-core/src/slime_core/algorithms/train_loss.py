@@ -25,7 +25,7 @@ from slime_core.algorithms.reducers import default_reducer
 from slime_core.algorithms.sft_loss import compute_sft_loss
 from slime_core.config import SlimeArgs, plugin_view
 from slime_core.error_text import shape_or_type
-from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds
+from slime_core.hook_deadline import call_hook_with_deadline, hook_bounds, hook_label
 from slime_core.plugins import load_function
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def needs_old_log_probs(cfg: SlimeArgs) -> bool:
 def _custom_loss(args: SlimeArgs, batch: dict[str, Any], outputs: dict[str, list[torch.Tensor]], reduce) -> tuple:
     # A user plugin: it receives the config as `args`, the original signature.
     fn = load_function(args.custom_loss_function_path, flag="--custom-loss-function-path")
-    what = f"--custom-loss-function-path {args.custom_loss_function_path}"
+    what = hook_label(f"--custom-loss-function-path {args.custom_loss_function_path}")
     result = call_hook_with_deadline(fn, plugin_view(args), batch, outputs, reduce, what=what, **hook_bounds(args))
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
         raise ValueError(f"{what}: must return (loss, metrics dict), got {type(result).__name__}")
