@@ -368,3 +368,35 @@ def test_an_online_wandb_run_without_a_key_is_refused_instead_of_prompting(monke
     Tracker(_args(*flags), str(tmp_path))
     monkeypatch.delenv("WANDB_API_KEY")
     Tracker(_args(*flags, "--wandb-mode", "offline"), str(tmp_path))  # offline never logs in
+
+
+def test_an_eval_only_run_in_the_folder_of_a_trained_run_writes_its_eval_as_its_own_run(tmp_path, caplog):
+    # Before: an eval-only run (--num-rollout 0) into the folder of a training run added a second eval/* point at
+    # step 0 of that run's series. As the original's new timestamped folder per run: its own subfolder now, the
+    # training run's points untouched.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    flags = ("--tensorboard-dir", str(tmp_path / "tb"))
+    trained = Tracker(_args(*flags), str(tmp_path))
+    trained.begin_at(0)
+    for step in range(3):
+        trained.log(step, {"eval/gsm8k": 0.1 * (step + 1)})
+    trained.close()
+    eval_only = Tracker(_args(*flags), str(tmp_path))
+    with caplog.at_level("INFO", logger="slime_app.tracking"):
+        eval_only.begin_eval_only()
+    eval_only.log(0, {"eval/gsm8k": 0.9})
+    eval_only.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [(e.step, round(e.value, 6)) for e in acc.Scalars("eval/gsm8k")] == [(0, 0.1), (1, 0.2), (2, 0.3)]
+    (own,) = [p for p in (tmp_path / "tb").iterdir() if p.is_dir()]
+    assert own.name.startswith("eval_only_") and eval_only.tensorboard_dir == str(own)
+    acc = EventAccumulator(str(own))
+    acc.Reload()
+    assert [(e.step, round(e.value, 6)) for e in acc.Scalars("eval/gsm8k")] == [(0, 0.9)]
+    assert caplog.records[-1].getMessage().startswith(f"TensorBoard: {tmp_path / 'tb'} holds an earlier run's events")
+    # A first (eval-only) run in an empty folder writes there.
+    fresh = Tracker(_args("--tensorboard-dir", str(tmp_path / "empty")), str(tmp_path))
+    fresh.begin_eval_only()
+    assert fresh.tensorboard_dir == str(tmp_path / "empty")

@@ -211,6 +211,8 @@ class Run:
             start = cfg.start_rollout_id
         if cfg.num_rollout > 0:  # before the first point: the rollouts done again hide their earlier points
             self.tracker.begin_at(start)
+        else:  # an eval-only run: its eval at rollout 0 goes beside an earlier run's events, not into them
+            self.tracker.begin_eval_only()
         if start > 0 and cfg.num_rollout > 0:  # an eval-only run (--num-rollout 0) draws no prompt
             # As the original: the data cursor of the rollout before the one the run starts at, --start-rollout-id
             # included (it was the checkpoint's, so the prompts did not follow the rollout ids).

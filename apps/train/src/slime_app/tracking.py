@@ -13,6 +13,7 @@ import netrc
 import os
 import re
 import threading
+import time
 import urllib.parse
 import uuid
 from collections import defaultdict
@@ -236,6 +237,26 @@ class Tracker:
                 "its points only (another --tensorboard-dir or --tb-experiment-name keeps both)", self.tensorboard_dir
             )  # fmt: skip
         self._tb_purge_step = self.x_step(rollout_id)
+
+    def begin_eval_only(self) -> None:
+        """Puts an eval-only run's (`--num-rollout 0`) TensorBoard events beside an earlier run's, not into its series.
+
+        Its one eval is logged at rollout 0: in a folder holding a training run's events TensorBoard showed a second
+        `eval/*` point at step 0 of that run (and a purge from step 0, as `begin_at(0)` does for a new training run,
+        would hide the whole earlier run). The original writes every run into a new timestamped folder unless
+        `TENSORBOARD_DIR` is set; so here the eval goes to the subfolder `eval_only_<YYYYmmdd_HHMMSS>`, which
+        TensorBoard lists as its own run. An empty folder is used as it is. Call before the first `log`.
+        """
+        if self.tensorboard_dir is None:
+            return
+        if not glob.glob(os.path.join(glob.escape(self.tensorboard_dir), "events.out.tfevents.*")):
+            return
+        own = os.path.join(self.tensorboard_dir, "eval_only_" + time.strftime("%Y%m%d_%H%M%S"))
+        logger.info(
+            "TensorBoard: %s holds an earlier run's events; this eval-only run writes to %s (its own run there)",
+            self.tensorboard_dir, own,
+        )  # fmt: skip
+        self.tensorboard_dir = own
 
     def _tensorboard(self):
         """The run's SummaryWriter (opened at the first call, with `begin_at`'s purge step); None without one."""
