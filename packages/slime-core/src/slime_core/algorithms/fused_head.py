@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -89,9 +91,16 @@ def _grad_logits(logits, targets, m, lse, entropy, g_logp, g_entropy, temperatur
 
 
 @functools.cache
-def _compiled(fn):
-    """`fn` under `torch.compile(dynamic=True)`, built once per function (chunk rows vary, `V` does not)."""
-    return torch.compile(fn, dynamic=True)
+def _compiled(fn, backend: str | Callable[..., Any] = "inductor"):
+    """`fn` under `torch.compile(dynamic=True)`, built once per function (chunk rows vary, `V` does not).
+
+    Traced with dynamo's `specialize_float` on (for this function only, `torch._dynamo.config.patch`): its float
+    `temperature` is then a constant from the start. Off (torch's default, which the process keeps without
+    `--megatron-compile-layers`/`--fsdp-compile-layers`: `slime_core.compile_setup`), dynamo traced it symbolic, the
+    tensorify pass restarted the analysis with it constant after a first pass through AOT autograd, and every process
+    lowered each function twice. `backend` is torch.compile's (tests count its calls).
+    """
+    return torch._dynamo.config.patch(specialize_float=True)(torch.compile(fn, dynamic=True, backend=backend))
 
 
 def _maybe_compiled(fn, device: torch.device, compiled: bool):
