@@ -50,6 +50,26 @@ def test_load_processor_is_the_processor_of_a_vl_checkpoint_and_none_otherwise(v
     assert load_processor("any/dir") is None
 
 
+def test_a_folder_without_processor_files_is_none_without_asking_transformers(vlm_dir, fixtures_dir, monkeypatch):
+    # Before: AutoProcessor.from_pretrained ran on the tokenizer-only checkpoint (17.6 s here, per process: the compat
+    # GenerateState asks) only to come back with a bare tokenizer, turned into None. Now the folder's files say so.
+    import transformers
+
+    real = transformers.AutoProcessor.from_pretrained
+    asked = []
+
+    def recording(path, *args, **kwargs):
+        asked.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", recording)
+    text_only = str(fixtures_dir / "qwen3-tokenizer")
+    assert load_processor(text_only) is None and load_processor(text_only, use_fast=False) is None
+    assert asked == []
+    # A folder with a processor config still loads it (the same processor as before).
+    assert load_processor(vlm_dir, use_fast=False).image_processor.patch_size == 14 and asked == [vlm_dir]
+
+
 @pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
 def test_encode_image_gives_a_png_data_uri_the_reference_engine_reads(mode, tmp_path):
     img = gradient(mode=mode)

@@ -38,8 +38,12 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
 def load_processor(name_or_path: str, **kwargs: Any) -> Any | None:
     """The checkpoint's vision-language processor, or None (text-only checkpoint, or none loadable), as the original.
 
-    Without `kwargs` this is the framework's cached `slime_rollout.data.multimodal.get_processor`.
+    Without `kwargs` this is the framework's cached `slime_rollout.data.multimodal.get_processor`. A local folder
+    without processor files is None at once (`multimodal.may_have_processor`; AutoProcessor took ~18 s to say so).
     """
+    if not multimodal.may_have_processor(name_or_path):
+        logger.info("load_processor(%s): no multimodal processor (no processor config file)", name_or_path)
+        return None
     try:
         if not kwargs:
             return multimodal.get_processor(name_or_path)

@@ -326,6 +326,19 @@ def _media_part(part: Any) -> str | None:
     return next((media for media in ("image", "video", "audio") if media in part), None)
 
 
+# The files an image (or video) processor is read from (transformers' PROCESSOR_NAME, IMAGE_PROCESSOR_NAME /
+# FEATURE_EXTRACTOR_NAME, VIDEO_PROCESSOR_NAME): a local checkpoint without any of them has no image processor.
+_PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
+
+
+def may_have_processor(path: str) -> bool:
+    """False when `path` is a local checkpoint folder without any processor file (`_PROCESSOR_FILES`), else True.
+
+    A hub id or a missing folder gives True: only transformers can tell then.
+    """
+    return not os.path.isdir(path) or any(os.path.isfile(os.path.join(path, f)) for f in _PROCESSOR_FILES)
+
+
 @functools.cache
 def get_processor(path: str) -> Any:
     """The Hugging Face processor of a vision-language checkpoint (cached per path).
@@ -333,6 +346,10 @@ def get_processor(path: str) -> Any:
     Raises:
         ValueError: the checkpoint has no image processor (not a vision-language model).
     """
+    if not may_have_processor(path):
+        # Known without transformers: AutoProcessor took ~18 s to come back with a bare tokenizer (measured on the
+        # Qwen3 tokenizer fixture, CPU), paid by every process that asks (the compat GenerateState, per process).
+        raise ValueError(_no_image_processor(path))
     from transformers import AutoProcessor
 
     try:
@@ -340,11 +357,15 @@ def get_processor(path: str) -> Any:
     except (OSError, ValueError) as e:
         raise ValueError(f"--multimodal-keys: cannot load the processor of --hf-checkpoint {path} ({e})") from None
     if getattr(processor, "image_processor", None) is None:
-        raise ValueError(
-            f"--multimodal-keys: --hf-checkpoint {path} has no image processor (preprocessor_config.json); "
-            "it is not a vision-language checkpoint"
-        )
+        raise ValueError(_no_image_processor(path))
     return processor
+
+
+def _no_image_processor(path: str) -> str:
+    return (
+        f"--multimodal-keys: --hf-checkpoint {path} has no image processor (preprocessor_config.json); "
+        "it is not a vision-language checkpoint"
+    )
 
 
 def sample_images(sample: Any) -> list[str]:
