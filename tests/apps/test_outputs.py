@@ -221,6 +221,36 @@ def test_a_save_folder_holding_checkpoints_this_run_does_not_resume_is_warned_ab
     assert "this run goes on from the checkpoint in --load and replaces them" in said
 
 
+def test_a_resume_from_an_older_ckpt_step_names_the_later_iterations_it_branches_off(tmp_path):
+    # Issue 27 pass 75: `--load X --save X --ckpt-step 1` over iterations 1-3 (tracker 3) continues from iteration 1
+    # and writes iterations 2, 3, ... over the earlier branch as it saves (as the original). Until its first save, and
+    # for good past its last rollout, the later ones stay: a kill meanwhile and a plain `--load X` resumed iteration 3
+    # of the abandoned branch, with no word at start (the warning above is for another run's folder only).
+    from slime_app.outputs import later_iterations_warning
+
+    save = tmp_path / "ckpt"
+    for step in (1, 2, 3):
+        (save / f"iter_{step:07d}").mkdir(parents=True)
+        (save / f"iter_{step:07d}" / "meta.json").write_text("{}")
+    (save / "latest_checkpointed_iteration.txt").write_text("3")
+    said = later_iterations_warning(_cfg(tmp_path, save=str(save), load=str(save), ckpt_step=1))
+    assert said == (
+        f"--ckpt-step 1: --save {save} also holds the later iterations 2-3 this run branches off from (its tracker "
+        "names 3): this run replaces them as it saves, and until its first save a --load of this folder without "
+        "--ckpt-step resumes iteration 3; those past its last save stay from the earlier branch; give a new --save "
+        "to keep them apart"
+    )
+    assert "iterations 3-3" not in later_iterations_warning(_cfg(tmp_path, save=str(save), load=str(save), ckpt_step=2))
+    assert "the later iteration 3 this run" in later_iterations_warning(
+        _cfg(tmp_path, save=str(save), load=str(save), ckpt_step=2)
+    )
+    # The latest one, no --ckpt-step, another --save, or no --load: nothing to say here.
+    assert later_iterations_warning(_cfg(tmp_path, save=str(save), load=str(save), ckpt_step=3)) is None
+    assert later_iterations_warning(_cfg(tmp_path, save=str(save), load=str(save))) is None
+    assert later_iterations_warning(_cfg(tmp_path, save=str(tmp_path / "new"), load=str(save), ckpt_step=1)) is None
+    assert later_iterations_warning(_cfg(tmp_path, save=str(save))) is None
+
+
 def test_iteration_names_in_save_that_slime_did_not_write_are_named_at_start(tmp_path):
     # Issue 27 pass 27: a stray iter_XXXXXXX.tmp without slime's marker (a crash of a version before it, a copy by
     # hand) stopped the run at the save that reached it, exit 5, after that rollout had trained.

@@ -284,6 +284,12 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
     refusal = optimizer_state_refusal(root, step_dir)  # the trainer's rule, which it applies after the engines start
     if refusal:
         raise ValueError(refusal)
+    if cfg.num_rollout is None:
+        # --num-epoch: the run's length (which sizes the decay) is counted from the data by `resolve_config`, after
+        # this preflight; the trainer builds its schedule from that count, so the check uses it too.
+        from slime_app.resolve import resolve_config
+
+        cfg = resolve_config(cfg, convert=False)[0]
     saved = step_dir / "scheduler.pt"
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=float(cfg.lr))
     try:

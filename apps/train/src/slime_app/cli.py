@@ -73,7 +73,13 @@ def _main(argv: list[str]) -> int:
             print("\n".join(dry_run(cfg)))
             return 0
         from slime_app.disk_space import check_free_space
-        from slime_app.outputs import check_places, check_writable, foreign_iteration_warning, reused_save_warning
+        from slime_app.outputs import (
+            check_places,
+            check_writable,
+            foreign_iteration_warning,
+            later_iterations_warning,
+            reused_save_warning,
+        )
         from slime_app.preflight import preflight
         from slime_app.ray_start import ray_address
         from slime_app.resolve import resolve_config
@@ -81,7 +87,7 @@ def _main(argv: list[str]) -> int:
 
         for note in preflight(cfg):
             logging.getLogger("slime_app.preflight").info("%s", note)
-        for warning in (reused_save_warning(cfg), foreign_iteration_warning(cfg)):
+        for warning in (reused_save_warning(cfg), later_iterations_warning(cfg), foreign_iteration_warning(cfg)):
             if warning:
                 logging.getLogger("slime_app.outputs").warning("%s", warning)
         cfg, resolved = resolve_config(cfg)

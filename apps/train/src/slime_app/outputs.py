@@ -22,6 +22,7 @@ from slime_core.checkpoint_dirs import (
     critic_dirs,
     cut_saves,
     iteration_of,
+    pinned_iteration,
     save_root,
     tracker_step,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "check_writable",
     "fixed_folder",
     "foreign_iteration_warning",
+    "later_iterations_warning",
     "nearest_existing",
     "output_dirs",
     "pseudo_filesystem",
@@ -148,6 +150,35 @@ def reused_save_warning(cfg: SlimeArgs) -> str | None:
         f"--load is {cfg.load or 'not given'}): this run {start} and replaces "
         "them as it saves, and until its first save a --load of this folder resumes the earlier run's; give a new "
         "--save to keep them apart"
+    )
+
+
+def later_iterations_warning(cfg: SlimeArgs) -> str | None:
+    """The warning for a resume of its own `--save` from an iteration older than the latest one there.
+
+    `--ckpt-step` (or Megatron's `--load <save>/iter_XXXXXXX`) below the folder's latest branches the run off: as in
+    the original, each save replaces the iteration of that number and moves the tracker to it. Until the first one,
+    the tracker still names the earlier branch's latest, so a kill meanwhile and a plain `--load` resumed that branch;
+    iterations past the run's last save stay from it (a `--ckpt-step` names them as if they were this run's).
+
+    Returns:
+        The warning, or None when this is no resume of `--save` or no complete iteration there is later.
+    """
+    if not cfg.save or not cfg.load or os.path.realpath(save_root(cfg.load)) != os.path.realpath(cfg.save):
+        return None
+    step = pinned_iteration(cfg.load, cfg.ckpt_step)
+    later = [other for other in complete_iterations(cfg.save) if step is not None and other > step]
+    if not later:
+        return None
+    which = f"iteration {later[0]}" if len(later) == 1 else f"iterations {later[0]}-{later[-1]}"
+    latest = tracker_step(cfg.save)
+    named = f" (its tracker names {latest})" if latest is not None else ""
+    resumed = f"iteration {latest}" if latest is not None else "none of them"
+    flag = f"--ckpt-step {cfg.ckpt_step}" if cfg.ckpt_step is not None else f"--load {cfg.load}"
+    return (
+        f"{flag}: --save {cfg.save} also holds the later {which} this run branches off from{named}: this run "
+        f"replaces them as it saves, and until its first save a --load of this folder without --ckpt-step resumes "
+        f"{resumed}; those past its last save stay from the earlier branch; give a new --save to keep them apart"
     )
 
 
