@@ -1,5 +1,6 @@
-"""The placement's capacity check and its bounded wait (`slime_app.cluster`), with Ray's calls faked, and the CLI's
-one line for a layout the local node cannot hold (a real local Ray node)."""
+"""The placement's capacity check and its bounded wait (`slime_app.cluster`), with Ray's calls faked, the CLI's
+one line for a layout the local node cannot hold (a real local Ray node), and the GPU placement on a real local Ray
+node that declares GPUs."""
 
 import os
 import pathlib
@@ -216,3 +217,24 @@ def test_cpu_bundles_are_located_from_the_group_table_without_a_task(monkeypatch
     # Sorted by node address, as the task's answers were: the trainer on 10.0.0.1's bundle, the engines on the other's.
     assert (placement.actor_bundles, placement.rollout_bundles, placement.rollout_gpu_ids) == ([2], [0, 1], [])
     assert placement.bundle_nodes == ["node-b", "node-b", "node-a"]
+
+
+@pytest.mark.slow
+def test_gpu_placement_on_a_real_ray_node(monkeypatch):
+    # The GPU branch of `create_placement` with Ray itself (the tests above fake `placement_group`, `_bundle_info`,
+    # `ray.get` and `ray.wait`): a local node that declares 4 GPUs, one `_bundle_info` task in each GPU bundle
+    # reading the GPU id Ray gave it, bundles sorted by it. Only torch's CUDA check is replaced.
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(cluster, "has_gpu", lambda: True)
+    ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        placement = cluster.create_placement(_cfg(actor_num_gpus_per_node=2, rollout_num_gpus=2))
+        assert placement.use_gpu and len(set(placement.bundle_nodes)) == 1
+        assert sorted(placement.actor_bundles + placement.rollout_bundles) == [0, 1, 2, 3]
+        # One node: the trainer takes the two lowest GPU ids, the engines the next two.
+        assert placement.rollout_gpu_ids == [2, 3]
+        assert ray.available_resources().get("GPU", 0) == pytest.approx(0.0)  # all four held by the group
+    finally:
+        ray.shutdown()

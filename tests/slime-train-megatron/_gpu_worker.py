@@ -53,6 +53,10 @@ def critic_scenario(args, tp: int) -> dict:
 SPEED_FLAGS = ["--use-torch-fused-adam", "--use-foreach-grad-norm", "--bias-swiglu-fusion", "--bias-dropout-fusion",
                "--megatron-compile-layers"]  # fmt: skip
 
+#: recompute: the original scripts' full recompute; megatron-core's checkpoint saves and replays the CUDA RNG tracker
+#: (the CPU test, test_backend_cpu.py, replaces that save and restore) around the compiled layers on by default.
+RECOMPUTE_FLAGS = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+
 
 def main() -> None:
     scenario, hf_dir, out_dir, tp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -69,7 +73,11 @@ def main() -> None:
         else []
     )
     # speed_base turns off what is on by default on CUDA (compiled layers, the fused head).
-    speed = {"speed_all": SPEED_FLAGS, "speed_base": ["--no-megatron-compile-layers"]}.get(scenario, [])
+    speed = {
+        "speed_all": SPEED_FLAGS,
+        "speed_base": ["--no-megatron-compile-layers"],
+        "recompute": RECOMPUTE_FLAGS,
+    }.get(scenario, [])
     from slime_train_megatron.backend import MegatronTrainBackend
 
     args = SlimeArgs.from_dict(
@@ -86,6 +94,7 @@ def main() -> None:
             use_kl_loss=False,
             entropy_coef=0.0,
             eps_clip=0.2,
+            offload_train_pin_memory=scenario == "sleep_pinned",
         )
     )
     if scenario == "critic":  # the PPO value model; TP > 1 with sequence parallelism (the value head gathers)
@@ -100,7 +109,7 @@ def main() -> None:
     b = batch()
     result = {"log_probs": backend.compute_log_probs(b)}
     result["attention"] = backend.attention
-    if scenario in ("train", "tp") or attention or scenario.startswith("speed_"):
+    if scenario in ("train", "tp", "recompute") or attention or scenario.startswith("speed_"):
         result["metrics"] = backend.train(0, b)
         # The DDP buffers hold the step's gradients until the next step zeroes them.
         result["grads"] = {n: p.main_grad.float().cpu() for n, p in backend.module.named_parameters()}
@@ -127,6 +136,18 @@ def main() -> None:
         backend.wake_up()
         result["after"] = backend.compute_log_probs(b)
         result["before"] = before
+    if scenario == "sleep_pinned":  # --offload-train-pin-memory: the second sleep refills the first's host buffers
+        backend.train(0, b)  # torch's Adam makes its moments at the first step: both sleeps then hold the same storages
+        backend.sleep()
+        first = [buf.data_ptr() for _, buf in backend.residency.state]
+        backend.wake_up()
+        result["metrics"] = backend.train(1, b)  # new weights and moments: what the reused buffers must hold
+        result["before"] = backend.compute_log_probs(b)
+        backend.sleep()
+        result["reused"] = [buf.data_ptr() for _, buf in backend.residency.state] == first and len(first) > 0
+        result["pinned"] = all(buf.is_pinned() for _, buf in backend.residency.state)
+        backend.wake_up()
+        result["after"] = backend.compute_log_probs(b)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()

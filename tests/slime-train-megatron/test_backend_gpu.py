@@ -150,6 +150,38 @@ def test_sleep_frees_memory_and_wake_restores(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_full_recompute_keeps_the_step(tiny_hf, tmp_path):
+    """`--recompute-granularity full --recompute-method uniform --recompute-num-layers 1` on the GPU: megatron-core's
+    checkpoint saves and restores the CUDA RNG states (replaced on CPU in test_backend_cpu.py) around the compiled
+    layers, and the step is the one without recompute. Same kernels, another order of saves: log-probs 1e-2,
+    scalars 1 %, gradients 2 % (bf16)."""
+    _need_gpus(1)
+    _, hf_dir = tiny_hf("qwen3")
+    (base,) = _launch("train", hf_dir, tmp_path / "base", 1)
+    (again,) = _launch("recompute", hf_dir, tmp_path / "recompute", 1)
+    for a, b in zip(again["log_probs"], base["log_probs"], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-2, rtol=0)
+    for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
+        assert again["metrics"][key] == pytest.approx(base["metrics"][key], rel=1e-2, abs=1e-4), key
+    assert again["grads"].keys() == base["grads"].keys()
+    for name, g in again["grads"].items():
+        ref = base["grads"][name]
+        assert float((g - ref).norm()) <= 2e-2 * float(ref.norm()) + 1e-6, name
+
+
+def test_pinned_sleep_reuses_its_host_buffers_and_wakes_with_the_trained_weights(tiny_hf, tmp_path):
+    """`--offload-train-pin-memory` through the real `offload_to_cpu`/`reload_from_cpu` (the CPU test,
+    test_sleep_buffers.py, replaces both): the second sleep copies into the first sleep's pinned buffers, and the
+    wake-up after it restores the weights of the step trained in between, bit for bit (the same kernels on the same
+    inputs)."""
+    _need_gpus(1)
+    _, hf_dir = tiny_hf("qwen3")
+    (res,) = _launch("sleep_pinned", hf_dir, tmp_path / "out", 1)
+    assert res["reused"] and res["pinned"]
+    for a, b in zip(res["before"], res["after"], strict=True):
+        assert torch.equal(a, b)
+
+
 def test_critic_tp2_with_sequence_parallel_matches_tp1(tiny_hf, tmp_path):
     """The value head under TP=2 + sequence parallelism (values gathered over TP, head grads all-reduced) gives
     TP=1's values, value loss and grad norm (bf16: 2 % relative, 5e-2 absolute on values)."""
