@@ -90,6 +90,9 @@ class Tracker:
     def begin_at(self, rollout_id):
         self.began_at = rollout_id
 
+    def begin_eval_only(self):
+        self.eval_only = True
+
     def rollout_done(self, step, metrics):
         pass
 

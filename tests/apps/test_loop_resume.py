@@ -52,6 +52,7 @@ def test_the_data_cursor_is_the_one_before_the_start_rollout(monkeypatch, traine
     assert [e for e in events if e[0] == "load"] == cursor
     # TensorBoard hides what an earlier run logged from the start rollout on (Tracker.begin_at); not for eval only.
     assert getattr(run.tracker, "began_at", None) == (start if cfg.num_rollout else None)
+    assert getattr(run.tracker, "eval_only", False) == (cfg.num_rollout == 0)  # its own TensorBoard run instead
 
 
 class _PinningGroup(TrainGroup):

@@ -242,29 +242,31 @@ def test_compiled_head_matches_eager_on_cpu():
     assert finite and max(errs) <= 1e-5, errs
 
 
-def test_the_compiled_head_functions_are_lowered_once_per_process(monkeypatch):
+def test_the_compiled_head_functions_are_lowered_once_per_process():
     """The float temperature made dynamo restart each function's analysis after a first pass through AOT autograd
     (`specialize_float` off, torch's default without --megatron-compile-layers): two lowerings per process. Counted
     with an AOT-autograd backend on CPU (the same trace as inductor's, without code generation)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    monkeypatch.setattr(torch._dynamo.config, "specialize_float", False)  # as a process without compiled layers
-    torch._dynamo.reset()
     lowered = []
 
     def counting(gm, example_inputs):
         lowered.append(gm)
         return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward))(gm, example_inputs)
 
-    stats = fused_head._compiled(fused_head._stats, backend=counting)
-    g = torch.Generator().manual_seed(3)
-    for rows in (5, 7, 9):  # chunk rows vary; dynamic shapes keep one graph
-        logits = torch.randn(rows, 11, generator=g)
-        targets = torch.randint(0, 11, (rows,), generator=g)
-        logp, m, lse, entropy = stats(logits, targets, 0.7, True)
-        ref_logp, *_ = fused_head._stats(logits, targets, 0.7, True)
-        torch.testing.assert_close(logp, ref_logp, atol=1e-6, rtol=0)
-    assert len(lowered) == 1  # was 2
-    assert torch._dynamo.config.specialize_float is False  # only the head's trace saw it on
+    # As a process without compiled layers. torch's own patch: pytest's monkeypatch restores a torch config entry by
+    # deleting it (it was not in the module's __dict__), which hides it, and every later compile in the process failed.
+    with torch._dynamo.config.patch(specialize_float=False):
+        torch._dynamo.reset()
+        stats = fused_head._compiled(fused_head._stats, backend=counting)
+        g = torch.Generator().manual_seed(3)
+        for rows in (5, 7, 9):  # chunk rows vary; dynamic shapes keep one graph
+            logits = torch.randn(rows, 11, generator=g)
+            targets = torch.randint(0, 11, (rows,), generator=g)
+            logp, m, lse, entropy = stats(logits, targets, 0.7, True)
+            ref_logp, *_ = fused_head._stats(logits, targets, 0.7, True)
+            torch.testing.assert_close(logp, ref_logp, atol=1e-6, rtol=0)
+        assert len(lowered) == 1  # was 2
+        assert torch._dynamo.config.specialize_float is False  # only the head's trace saw it on
     torch._dynamo.reset()
