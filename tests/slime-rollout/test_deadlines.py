@@ -339,7 +339,9 @@ async def test_a_request_held_by_a_weight_push_is_not_called_frozen(http_server)
 
     async def handler(request):
         if request.path == "/health_generate":
-            return web.Response(status=503)  # what a paused SGLang engine answers after its 20 s
+            # What a paused SGLang engine answers after its 20 s; healthy again once resumed. (A 503 after the resume
+            # too made the test racy: a slow-call probe between the resume and the reply reaching the client failed it.)
+            return web.Response(status=200 if resumed.is_set() else 503)
         await resumed.wait()
         return web.json_response({"text": "ok"})
 
@@ -349,7 +351,7 @@ async def test_a_request_held_by_a_weight_push_is_not_called_frozen(http_server)
     request = asyncio.ensure_future(client.generate({"input_ids": [1, 2], "sampling_params": {}}))
     await asyncio.sleep(1.0)  # several slow-call probes would have run
     assert not request.done()
+    resumed.set()  # the engine resumes before the push is over, as SGLang's continue_generation comes first
     client.pool.end_weight_move()
-    resumed.set()
     assert await asyncio.wait_for(request, 10) == {"text": "ok"}
     await client.aclose()
