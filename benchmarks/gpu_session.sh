@@ -15,7 +15,7 @@
 #   tests_sglang   300  pytest -m "gpu or sglang" over test_sglang_engine.py and test_routed_experts.py (2 GPUs: + NCCL)
 #   tests_true_on_policy 300  tests/slime-train-fsdp/test_true_on_policy_gpu.py in its own process (it turns on
 #                       SGLang's batch-invariant ops process-wide): trainer == SGLang log-probs, same seed same tokens
-#   tests_megatron 360  pytest -m "gpu and megatron" over tests/slime-train-megatron (2 GPUs: + TP=2 vs TP=1)
+#   tests_megatron 540  pytest -m "gpu and megatron" over tests/slime-train-megatron (2 GPUs: + TP=2 vs TP=1)
 #   megatron_parallel 300  Megatron GRPO step under (TP,PP,CP) = 1,1,1 2,1,1 1,2,1 1,1,2: same loss/grad norm
 #   matmul          30  bf16 8192^3 matmul ceiling
 #   train          240  FSDP train() qwen3-0.6b (~60) and qwen3-4b (~150, incl. ~60 s checkpoint write)
@@ -305,7 +305,9 @@ for step in "$@"; do
     tests_sglang) SLIME_TEST_LOG_DIR="$BENCH_LOG_DIR/sglang-tests" run_step tests_sglang 300 python3 -m pytest \
                     -m "gpu or sglang" -q -rA -p no:cacheprovider -o faulthandler_timeout=120 \
                     tests/slime-rollout/test_sglang_engine.py tests/slime-rollout/test_routed_experts.py ;;
-    tests_megatron) run_step tests_megatron 360 python3 -m pytest -m "gpu and megatron" -q -rA -p no:cacheprovider \
+    # -v: a test's name and result as it ends (a step killed at its limit keeps the ones that finished); 8 tests
+    # took > 360 s on one H100 (2026-12-07)
+    tests_megatron) run_step tests_megatron 540 python3 -m pytest -m "gpu and megatron" -v -rA -p no:cacheprovider \
                       tests/slime-train-megatron ;;
     megatron_parallel) run_step megatron_parallel 400 python3 "$HERE/bench_megatron_parallel.py" --preset qwen3-0.6b \
                          --layouts 1,1,1 2,1,1 1,2,1 1,1,2 ;;
