@@ -84,3 +84,23 @@ def test_megatron_pipeline_stages_the_layers_do_not_split_over_fail_the_dry_run(
     assert err.startswith("slime: error: --hf-checkpoint ") and ": the Megatron layout does not fit: " in err, err
     assert named in err, err
     assert main([*megatron, "--pipeline-model-parallel-size", "4"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_tied_qwen3_moe_is_refused_for_sglang(flags, tied, capsys):
+    # On one H100 a random Qwen3-MoE saved tied was sampled through SGLang's never-filled lm_head: engine log-probs
+    # 0.55 from HF's, and the Megatron run stopped at its first-step check. Refused before the run instead.
+    model = pathlib.Path(flags[flags.index("--hf-checkpoint") + 1])
+    moe = json.loads((FIXTURES / "hf-configs" / "Qwen3-30B-A3B.json").read_text())
+    (model / "config.json").write_text(json.dumps({**moe, "tie_word_embeddings": tied}))
+    code = main(flags)
+    err = capsys.readouterr().err.strip().splitlines()
+    if not tied:  # as published: served as trained
+        assert code == 0, err
+        return
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"slime: error: --hf-checkpoint {model}: config.json ties the output head") and (
+        "SGLang's Qwen3MoeForCausalLM always keeps a separate lm_head" in err[0]
+    ), err
+    # The reference engine (transformers) ties as the trainer does: a CPU run with it is not refused.
+    assert main([*flags, "--rollout-engine", "reference"]) == 0, capsys.readouterr().err

@@ -113,8 +113,9 @@ PRESETS: dict[str, Preset] = {
         64, 2, 4, 2, 128, True, head_dim=16, max_position_embeddings=4096, moe=MoePreset(8, 2, 32)
     ),
     # qwen3-moe-tiny with heads SGLang has kernels for (its fused rope + KV write refuses head_dim 16): 2 layers of 8
-    # experts, top-2, hidden 1024, 16 q / 8 KV heads of 128; the Megatron MoE acceptance lane on one GPU.
-    "qwen3-moe-small": Preset(1024, 2, 16, 8, 3072, True, max_position_embeddings=32768, moe=MoePreset(8, 2, 768)),
+    # experts, top-2, hidden 1024, 16 q / 8 KV heads of 128; the Megatron MoE acceptance lane on one GPU. Untied, as
+    # every published Qwen3-MoE: SGLang's Qwen3-MoE never ties its head (`slime_core.config.sglang_heads`).
+    "qwen3-moe-small": Preset(1024, 2, 16, 8, 3072, False, max_position_embeddings=32768, moe=MoePreset(8, 2, 768)),
     # A Qwen3-VL that SGLang serves on one GPU: the language model has Qwen3-0.6B's width and head geometry
     # (16 q / 8 KV heads of 128: the shapes the staged GPU stack has kernels for) in 2 layers, and
     # QWEN3_VL_TINY_VISION. ~0.19 B parameters, 0.16 B of them the tied 151936-row embedding.

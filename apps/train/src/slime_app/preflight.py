@@ -196,15 +196,21 @@ def _check_plugins(cfg: SlimeArgs) -> None:
         check_plugin_config(fn, cfg, flag, path)
 
 
-def _check_architecture(cfg: SlimeArgs) -> list[str]:
-    """Megatron architecture flags against `--hf-checkpoint`'s config.json.
+def _check_architecture(cfg: SlimeArgs, *, dry_run: bool = False) -> list[str]:
+    """Megatron architecture flags (and what SGLang can serve) against `--hf-checkpoint`'s config.json.
+
+    Args:
+        cfg: the validated config.
+        dry_run: judge the GPU run's plan (SGLang unless `--rollout-engine` says otherwise), not this machine's.
 
     Raises:
-        ValueError: a flag contradicts config.json (all such flags named).
+        ValueError: a flag contradicts config.json (all such flags named), or SGLang would serve another model than
+            the trainer trains (`slime_core.config.sglang_heads`).
     """
     import json
 
     from slime_core.config.architecture import check_architecture, is_dense_config
+    from slime_core.config.sglang_heads import tied_head_refusal
     from slime_core.config.sglang_moe import dense_model_moe_flags
 
     with open(os.path.join(cfg.hf_checkpoint, "config.json"), encoding="utf-8") as f:
@@ -220,6 +226,9 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
             f"--hf-checkpoint {cfg.hf_checkpoint} is a dense model (model_type {hf_config.get('model_type')!r}, its "
             f"config.json names no experts): SGLang MoE flags cannot apply: {' '.join(engine_moe)}"
         )
+    head = tied_head_refusal(hf_config) if _serves_with_sglang(cfg, dry_run) else None
+    if head:
+        raise ValueError(f"--hf-checkpoint {cfg.hf_checkpoint}: {head}")
     layers = _layer_split(cfg, hf_config) if megatron_native else []
     if layers:
         raise ValueError(f"--hf-checkpoint {cfg.hf_checkpoint}: the Megatron layout does not fit: {'; '.join(layers)}")
@@ -245,6 +254,11 @@ def _check_architecture(cfg: SlimeArgs) -> list[str]:
             f"{' '.join(report.unchecked)}"
         )
     return notes
+
+
+def _serves_with_sglang(cfg: SlimeArgs, dry_run: bool) -> bool:
+    """Whether the run's engines are SGLang: `--rollout-engine sglang`, or a dry run that names no engine."""
+    return cfg.rollout_engine == "sglang" or (dry_run and "rollout_engine" not in cfg.model_fields_set)
 
 
 def _head_split(cfg: SlimeArgs, hf_config: dict, megatron_native: bool) -> list[str]:
@@ -468,7 +482,7 @@ def preflight(cfg: SlimeArgs, *, hardware: bool = True) -> list[str]:
     # The packages' and entries' own checks (data, engine flags, Megatron's model type): architecture flag
     # mismatches do not matter if the model cannot be built.
     notes += _run_owned_checks(cfg)
-    notes += _check_architecture(cfg) if cfg.hf_checkpoint else []
+    notes += _check_architecture(cfg, dry_run=not hardware) if cfg.hf_checkpoint else []
     notes += check_checkpoints(cfg)
     notes += check_data_cursor(cfg)  # the loop restores it only after the engines and the model load
     notes += check_replay_dumps(cfg)
