@@ -32,6 +32,7 @@ import torch
 
 from slime_core.config.true_on_policy import ENGINE_FP32_PARAM_SUFFIXES
 from slime_core.fp8 import pair_fp8
+from slime_core.moe_experts import fused_expert_name, per_expert_name
 
 # One pushed part of a parameter: a tensor, or a block-FP8 `(weight, weight_scale_inv)` pair (`fp8.pair_fp8`).
 Part = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
@@ -148,20 +149,62 @@ _FUSED = {
 }
 # HF prefixes → SGLang's module prefixes (Qwen2.5-VL / Qwen3-VL `load_weights`).
 _PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."))
+# SGLang's FusedMoE parameters (`make_expert_params_mapping`): gate and up projections in `w13_weight`, down in `w2`.
+_W13, _W2 = "w13_weight", "w2_weight"
 
 
-def sglang_param_name(hf_name: str) -> tuple[str, int, int]:
+def _expert_param(name: str, num_experts: int | None) -> tuple[str, int, int] | None:
+    """Where an MoE expert tensor lives in SGLang's FusedMoE (see `sglang_param_name`); None for a non-expert name."""
+    if (fused := fused_expert_name(name)) is not None:  # transformers >= 5 holds an MoE block's experts whole
+        prefix, proj = fused
+        return f"{prefix}.{_W13 if proj == 'gate_up_proj' else _W2}", 0, 1
+    if num_experts is None or (per_expert := per_expert_name(name)) is None:
+        return None
+    prefix, expert, proj = per_expert
+    if expert >= num_experts:
+        raise ValueError(f"{name}: expert {expert} of a model with {num_experts} experts per layer (config.json)")
+    if proj == "down_proj":
+        return f"{prefix}.{_W2}", expert, num_experts
+    return f"{prefix}.{_W13}", 2 * expert + (proj == "up_proj"), 2 * num_experts
+
+
+def sglang_param_name(hf_name: str, *, num_experts: int | None = None) -> tuple[str, int, int]:
     """Where an HF checkpoint tensor lives in SGLang: `(SGLang parameter name, part index, number of parts)`.
 
     A fused parameter (`qkv_proj` = [q; k; v], `gate_up_proj` = [gate; up] along dim 0) has several parts; any
     other tensor is part 0 of 1. Engine-side LoRA wrappers (`.base_layer.`) are not part of the name: strip them
     with `strip_wrappers` on the engine's names.
 
+    MoE experts: SGLang (0.5.16, `layers/moe/fused_moe_triton/layer.py`) holds a layer's `E` experts as
+    `mlp.experts.w13_weight` `[E, 2I, H]` (expert `e`'s gate_proj rows, then its up_proj rows) and
+    `mlp.experts.w2_weight` `[E, H, I]` (down_proj), and its weight checker hashes a parameter's bytes whatever its
+    shape. So with `num_experts` given, `experts.{e}.gate_proj.weight` is part `2e` of `2E` of `w13_weight`,
+    `up_proj` part `2e + 1`, and `down_proj` part `e` of `E` of `w2_weight`; without it a per-expert name keeps the
+    dense mapping (which no SGLang parameter has: the check counts it unmatched). transformers' fused
+    `experts.gate_up_proj` `[E, 2I, H]` (gate first per expert, as `Qwen3MoeExperts.forward` chunks it) and
+    `experts.down_proj` are the whole `w13_weight` / `w2_weight`, part 0 of 1. This is the unquantized layout of
+    SGLang's default (triton) MoE runner at TP = EP = 1; other runners and quantized MoE methods may reorder or
+    transpose (flashinfer TRT-LLM swaps gate and up, the `triton_kernels` runner transposes), which this does not
+    model.
+
+    Args:
+        hf_name: a checkpoint tensor name (or a transformers module name for fused experts).
+        num_experts: routed experts per MoE layer (`slime_core.config.architecture.config_num_experts`); None for
+            a dense model, or where unknown.
+
+    Returns:
+        `(name, index, count)`: the tensor is part `index` of the `count` parts concatenated along dim 0.
+
+    Raises:
+        ValueError: a per-expert name whose expert index is not below `num_experts`.
+
     Example:
         >>> sglang_param_name("model.layers.0.self_attn.k_proj.weight")
         ('model.layers.0.self_attn.qkv_proj.weight', 1, 3)
         >>> sglang_param_name("model.visual.blocks.0.attn.qkv.weight")
         ('visual.blocks.0.attn.qkv_proj.weight', 0, 1)
+        >>> sglang_param_name("model.layers.0.mlp.experts.3.up_proj.weight", num_experts=8)
+        ('model.layers.0.mlp.experts.w13_weight', 7, 16)
     """
     name = hf_name
     for hf_prefix, prefix in _PREFIXES:
@@ -170,6 +213,8 @@ def sglang_param_name(hf_name: str) -> tuple[str, int, int]:
             break
     if name.startswith("visual."):
         return name.replace(".attn.qkv.", ".attn.qkv_proj."), 0, 1
+    if (expert := _expert_param(name, num_experts)) is not None:
+        return expert
     for part, (fused, index, count) in _FUSED.items():
         if part in name:
             return name.replace(part, fused), index, count
@@ -239,7 +284,11 @@ def strip_wrappers(engine_name: str) -> str:
 
 
 def sglang_checksums(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, *, fp32_params: bool = False
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+    *,
+    fp32_params: bool = False,
+    num_experts: int | None = None,
 ) -> dict[str, str]:
     """Checksums of HF-named tensors under SGLang's names, fused parameters assembled (`tensor_checksum`).
 
@@ -248,17 +297,19 @@ def sglang_checksums(
             `*.weight_scale_inv` (hashed dequantized, the scale not listed: `sglang_fp8_comparable`).
         dtype: the dtype the engine holds (unquantized tensors are cast first: `hash_dtype`).
         fp32_params: the engine holds embeddings and norms in float32 (`--true-on-policy-mode`).
+        num_experts: routed experts per MoE layer: per-expert tensors are assembled into SGLang's `w13_weight` /
+            `w2_weight` (`sglang_param_name`); None for a dense model.
 
     Returns:
         `{SGLang name: 16 hex digits}`.
 
     Raises:
-        ValueError: a fused parameter lacks a part, or an FP8 weight its scale.
+        ValueError: a fused parameter lacks a part, an FP8 weight its scale, or an expert index is out of range.
     """
     parts: dict[str, dict[int, Part]] = {}
     counts: dict[str, int] = {}
     for hf_name, item in pair_fp8(named_tensors):
-        name, index, count = sglang_param_name(hf_name)
+        name, index, count = sglang_param_name(hf_name, num_experts=num_experts)
         parts.setdefault(name, {})[index] = item
         counts[name] = count
     out = {}
