@@ -15,7 +15,12 @@ from transformers import AutoModelForCausalLM
 
 from slime_rollout.engines.client import EngineClient, RolloutClient
 from slime_rollout.engines.transport import EngineError
-from slime_rollout.engines.weight_checksum import sglang_checksums, sglang_param_name, tensor_checksum
+from slime_rollout.engines.weight_checksum import (
+    parts_checksum,
+    sglang_checksums,
+    sglang_param_name,
+    tensor_checksum,
+)
 from slime_rollout.weight_sync.check import PushChecksums, check_engines, engine_checksums, engine_weight_dtype
 from slime_rollout.weight_sync.updaters import TensorWeightUpdater
 
@@ -79,6 +84,19 @@ def test_checksum_over_several_passes_and_a_view_off_word_boundaries():
     for t in (whole, whole[1:], torch.arange(11, dtype=torch.uint8)):
         assert tensor_checksum(t) == _numpy_checksum(t.contiguous().view(torch.uint8).numpy().tobytes())
     assert _numpy_checksum(torch.ones(7, dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes()) == KNOWN[3][1]
+
+
+def test_parts_hash_as_their_concatenation_without_concatenating():
+    # Parts of 5000, 3 and 20000 words start mid-tile (tiles are 8192 words); a 2-byte last part pads its word; a
+    # 6-byte part in the middle shifts every later word boundary (concatenated bytes, then hashed).
+    g = torch.Generator().manual_seed(4)
+    parts = [torch.randn(5000, generator=g), torch.randn(3, generator=g), torch.randn(100, 200, generator=g),
+             torch.ones(1, dtype=torch.bfloat16)]  # fmt: skip
+    whole = torch.cat([p.reshape(-1).view(torch.uint8) for p in parts])
+    assert parts_checksum(parts) == tensor_checksum(whole)
+    shifted = [parts[0], torch.ones(3, dtype=torch.float16), parts[2]]
+    assert parts_checksum(shifted) == tensor_checksum(torch.cat([p.reshape(-1).view(torch.uint8) for p in shifted]))
+    assert parts_checksum([torch.zeros(0), torch.zeros(0)]) == "0" * 16
 
 
 def test_checksum_sees_one_flipped_bit():

@@ -48,9 +48,9 @@ from slime_rollout.engines.weight_checksum import (
     Part,
     hash_dtype,
     hash_parts,
+    parts_checksum,
     sglang_param_name,
     strip_wrappers,
-    tensor_checksum,
 )
 
 if TYPE_CHECKING:
@@ -268,13 +268,13 @@ class PushChecksums:
             with safe_open(str(file), framework="pt") as f:
                 for key in wanted:
                     if where[key] == file:
-                        tensors[key] = f.get_tensor(key).to(device, dtype).reshape(-1)
+                        tensors[key] = f.get_tensor(key).to(device, dtype)
         for name in drawn:
             if len(groups[name]) != checker._num_parts[name]:
                 checker._drawn[name] = {}  # reported as incomplete
                 continue
             parts = [tensors[groups[name][index]] for index in range(checker._num_parts[name])]
-            checker.checksums[name] = tensor_checksum(torch.cat(parts))
+            checker.checksums[name] = parts_checksum(parts)
         return checker
 
     def watch(self, buckets: Iterable[Bucket]) -> Iterator[Bucket]:
