@@ -185,3 +185,6 @@ def test_a_moe_checkpoints_expert_count_puts_per_expert_pushes_into_sglangs_expe
     assert seen == {f"{p}.w13_weight": tensor_checksum(w13), f"{p}.w2_weight": tensor_checksum(w2)}
     # No config.json (a dense run's checker is unchanged): no expert count.
     assert weights.SyncChecker(_cfg(hf_checkpoint=str(tmp_path / "none")), ["http://e:1"]).num_experts is None
+    # DeepSeek-style shared experts may be fused into SGLang's w13_weight as extra experts: not claimed, not compared.
+    (tmp_path / "config.json").write_text('{"model_type": "deepseek_v3", "n_routed_experts": 8, "n_shared_experts": 1}')
+    assert weights.SyncChecker(_cfg(hf_checkpoint=str(tmp_path)), ["http://e:1"]).num_experts is None

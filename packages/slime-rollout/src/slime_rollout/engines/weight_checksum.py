@@ -218,10 +218,11 @@ def sglang_param_name(hf_name: str, *, num_experts: int | None = None) -> tuple[
     `up_proj` part `2e + 1`, and `down_proj` part `e` of `E` of `w2_weight`; without it a per-expert name keeps the
     dense mapping (which no SGLang parameter has: the check counts it unmatched). transformers' fused
     `experts.gate_up_proj` `[E, 2I, H]` (gate first per expert, as `Qwen3MoeExperts.forward` chunks it) and
-    `experts.down_proj` are the whole `w13_weight` / `w2_weight`, part 0 of 1. This is the unquantized layout of
-    SGLang's default (triton) MoE runner at TP = EP = 1; other runners and quantized MoE methods may reorder or
-    transpose (flashinfer TRT-LLM swaps gate and up, the `triton_kernels` runner transposes), which this does not
-    model.
+    `experts.down_proj` are the whole `w13_weight` / `w2_weight`, part 0 of 1 (the `[E, 2I, H]` gate-first layout
+    `slime_core.moe_experts` assumes; gpt-oss and Llama-4 hold `[E, H, 2I]` and would hash differently). This is
+    the unquantized layout of SGLang's default (triton) MoE runner at TP = EP = 1 (a TP > 1 engine's expert shards
+    are counted `sharded`, not compared); other runners and quantized MoE methods may reorder or transpose
+    (flashinfer TRT-LLM swaps gate and up, the `triton_kernels` runner transposes), which this does not model.
 
     Args:
         hf_name: a checkpoint tensor name (or a transformers module name for fused experts).

@@ -119,8 +119,10 @@ def checkpoint_num_experts(hf_checkpoint: str | pathlib.Path) -> int | None:
         hf_checkpoint: `--hf-checkpoint`, a local HF directory.
 
     Returns:
-        The expert count; None for a dense model, or when the directory has no config.json (then expert tensors
-        are counted as unmatched names, which the check's log line reports).
+        The expert count; None for a dense model, when the directory has no config.json, or for a model with
+        DeepSeek-style shared experts (`n_shared_experts`), which SGLang may fuse into the same `w13_weight` /
+        `w2_weight` as extra experts (`num_fused_shared_experts`), a layout the check does not model. Then expert
+        tensors are counted as unmatched names, which the check's log line reports.
 
     Raises:
         ValueError: config.json is not valid JSON (names the file).
@@ -132,7 +134,17 @@ def checkpoint_num_experts(hf_checkpoint: str | pathlib.Path) -> int | None:
         config = json.loads(config_file.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{config_file}: not valid JSON ({exc})") from exc
-    return config_num_experts(config) if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    if text.get("n_shared_experts") or config.get("n_shared_experts"):
+        logger.warning(
+            "weight check: %s has shared experts (n_shared_experts), which SGLang may fuse into experts.w13_weight: "
+            "expert tensors are not compared (counted as unmatched names)",
+            config_file,
+        )
+        return None
+    return config_num_experts(config)
 
 
 def _wrapper_free(checksums: dict[str, str]) -> dict[str, str]:
