@@ -147,3 +147,44 @@ def test_delta_mode_builds_the_delta_updater_and_reports_what_each_push_sent(tmp
     assert again["perf/update_weights_wire_bytes"] == 0.0 and again["perf/update_weights_density"] == 0.0
     assert first["perf/update_weights_wire_bytes"] == (6 + 4) * 4  # fp32, whole
     assert again["perf/update_weights_delta_base_gb"] == (6 + 4) * 4 / 1e9  # the trainer's copy of the last push
+
+
+def test_a_moe_checkpoints_expert_count_puts_per_expert_pushes_into_sglangs_expert_parameters(monkeypatch, tmp_path):
+    """A Qwen3-MoE H100 run logged "4 tensor checksums equal (0 sharded, 48 unmatched names)": the checker was never
+    told the expert count, so no pushed expert matrix matched SGLang's `experts.w13_weight` / `w2_weight`."""
+    from slime_rollout.engines.weight_checksum import tensor_checksum
+
+    p = "model.layers.0.mlp.experts"
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe", "num_experts": 2, "dtype": "float32"}')
+
+    async def engine_names(engine):
+        return [{f"{p}.w13_weight": "0" * 16, f"{p}.w2_weight": "0" * 16}]
+
+    seen = {}
+
+    async def fake_check(engines, checksums):
+        seen.update(checksums)
+        return WeightCheckReport(checked=len(checksums))
+
+    g = torch.Generator().manual_seed(0)
+    projs = ("gate_proj", "up_proj", "down_proj")
+    mats = {(e, proj): torch.randn(3, 4, generator=g) for e in range(2) for proj in projs}
+
+    class MoeBackend:
+        def named_hf_weights(self, bucket_bytes):
+            yield [(f"{p}.{e}.{proj}.weight", t) for (e, proj), t in mats.items()]
+
+    monkeypatch.setattr(weight_check, "engine_checksums", engine_names)
+    monkeypatch.setattr(weight_check, "check_engines", fake_check)
+    cfg = _cfg(rollout_engine="reference", hf_checkpoint=str(tmp_path), check_weight_sync_tensors=2)
+    checker = weights.SyncChecker(cfg, ["http://e:1"])
+    assert checker.num_experts == 2
+    weights.push_weights(MoeBackend(), _Updater(), cfg, 0, rank=0, checker=checker)
+    w13 = torch.cat([mats[0, "gate_proj"], mats[0, "up_proj"], mats[1, "gate_proj"], mats[1, "up_proj"]])
+    w2 = torch.cat([mats[0, "down_proj"], mats[1, "down_proj"]])
+    assert seen == {f"{p}.w13_weight": tensor_checksum(w13), f"{p}.w2_weight": tensor_checksum(w2)}
+    # No config.json (a dense run's checker is unchanged): no expert count.
+    assert weights.SyncChecker(_cfg(hf_checkpoint=str(tmp_path / "none")), ["http://e:1"]).num_experts is None
+    # DeepSeek-style shared experts may be fused into SGLang's w13_weight as extra experts: not claimed, not compared.
+    (tmp_path / "config.json").write_text('{"model_type": "deepseek_v3", "n_routed_experts": 8, "n_shared_experts": 1}')
+    assert weights.SyncChecker(_cfg(hf_checkpoint=str(tmp_path)), ["http://e:1"]).num_experts is None

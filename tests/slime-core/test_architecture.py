@@ -129,3 +129,14 @@ def test_parse_moe_layer_freq():
     assert parse_moe_layer_freq("2", 4) == [1, 0, 1, 0]
     with pytest.raises(ValueError, match="expected an int or terms like"):
         parse_moe_layer_freq("__import__('os')", 4)
+
+
+def test_config_num_experts_reads_each_familys_key_and_a_vlms_text_config():
+    from slime_core.config.architecture import config_num_experts
+
+    assert config_num_experts({"model_type": "qwen3_moe", "num_experts": 128}) == 128
+    assert config_num_experts({"model_type": "mixtral", "num_local_experts": 8}) == 8
+    assert config_num_experts({"model_type": "deepseek_v3", "n_routed_experts": 256, "n_shared_experts": 1}) == 256
+    assert config_num_experts({"model_type": "qwen3_vl_moe", "text_config": {"num_experts": 64}}) == 64
+    assert config_num_experts({"model_type": "qwen3", "num_experts": None}) is None
+    assert config_num_experts({"model_type": "qwen3", "text_config": {}}) is None

@@ -15,7 +15,12 @@ from transformers import AutoModelForCausalLM
 
 from slime_rollout.engines.client import EngineClient, RolloutClient
 from slime_rollout.engines.transport import EngineError
-from slime_rollout.engines.weight_checksum import sglang_checksums, sglang_param_name, tensor_checksum
+from slime_rollout.engines.weight_checksum import (
+    parts_checksum,
+    sglang_checksums,
+    sglang_param_name,
+    tensor_checksum,
+)
 from slime_rollout.weight_sync.check import PushChecksums, check_engines, engine_checksums, engine_weight_dtype
 from slime_rollout.weight_sync.updaters import TensorWeightUpdater
 
@@ -79,6 +84,19 @@ def test_checksum_over_several_passes_and_a_view_off_word_boundaries():
     for t in (whole, whole[1:], torch.arange(11, dtype=torch.uint8)):
         assert tensor_checksum(t) == _numpy_checksum(t.contiguous().view(torch.uint8).numpy().tobytes())
     assert _numpy_checksum(torch.ones(7, dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes()) == KNOWN[3][1]
+
+
+def test_parts_hash_as_their_concatenation_without_concatenating():
+    # Parts of 5000, 3 and 20000 words start mid-tile (tiles are 8192 words); a 2-byte last part pads its word; a
+    # 6-byte part in the middle shifts every later word boundary (concatenated bytes, then hashed).
+    g = torch.Generator().manual_seed(4)
+    parts = [torch.randn(5000, generator=g), torch.randn(3, generator=g), torch.randn(100, 200, generator=g),
+             torch.ones(1, dtype=torch.bfloat16)]  # fmt: skip
+    whole = torch.cat([p.reshape(-1).view(torch.uint8) for p in parts])
+    assert parts_checksum(parts) == tensor_checksum(whole)
+    shifted = [parts[0], torch.ones(3, dtype=torch.float16), parts[2]]
+    assert parts_checksum(shifted) == tensor_checksum(torch.cat([p.reshape(-1).view(torch.uint8) for p in shifted]))
+    assert parts_checksum([torch.zeros(0), torch.zeros(0)]) == "0" * 16
 
 
 def test_checksum_sees_one_flipped_bit():
@@ -351,3 +369,142 @@ def test_engine_weight_dtype_asks_the_engine_record(tmp_path):
     finally:
         for spec in specs:
             ROLLOUT_ENGINES.unregister(spec.name)
+
+
+# ------------------------------------------------------------------------------------------------- MoE experts
+# SGLang 0.5.16 (`layers/moe/fused_moe_triton/layer.py`) holds a layer's E experts as `experts.w13_weight` [E, 2I, H]
+# (expert e: gate rows, then up rows) and `experts.w2_weight` [E, H, I]. A Qwen3-MoE H100 run logged "4 tensor
+# checksums equal (0 sharded, 48 unmatched names)": every per-expert tensor was unmatched, no expert ever compared.
+
+
+def _experts(num_experts=3, inter=2, hidden=4, seed=0):
+    """One layer's per-expert checkpoint matrices `{(e, proj): tensor}`: gate/up `[I, H]`, down `[H, I]`."""
+    g = torch.Generator().manual_seed(seed)
+    return {(e, proj): torch.randn(*((hidden, inter) if proj == "down_proj" else (inter, hidden)), generator=g)
+            for e in range(num_experts) for proj in ("gate_proj", "up_proj", "down_proj")}  # fmt: skip
+
+
+def test_sglang_names_of_moe_experts():
+    experts = "model.layers.1.mlp.experts"
+    w13, w2 = experts + ".w13_weight", experts + ".w2_weight"
+    assert sglang_param_name(experts + ".0.gate_proj.weight", num_experts=8) == (w13, 0, 16)
+    assert sglang_param_name(experts + ".3.up_proj.weight", num_experts=8) == (w13, 7, 16)
+    assert sglang_param_name(experts + ".7.gate_proj.weight", num_experts=8) == (w13, 14, 16)
+    assert sglang_param_name(experts + ".5.down_proj.weight", num_experts=8) == (w2, 5, 8)
+    # transformers >= 5's fused expert parameters are the whole SGLang parameter.
+    assert sglang_param_name(experts + ".gate_up_proj") == (w13, 0, 1)
+    assert sglang_param_name(experts + ".down_proj") == (w2, 0, 1)
+    # Without the expert count: the dense mapping, as before (no engine holds it: counted unmatched).
+    assert sglang_param_name(experts + ".3.up_proj.weight") == (experts + ".3.gate_up_proj.weight", 1, 2)
+    # Not experts: a shared expert and the router keep their names.
+    shared = "model.layers.0.mlp.shared_expert.gate_proj.weight"
+    assert sglang_param_name(shared, num_experts=8) == ("model.layers.0.mlp.shared_expert.gate_up_proj.weight", 0, 2)
+    router = "model.layers.0.mlp.gate.weight"
+    assert sglang_param_name(router, num_experts=8) == (router, 0, 1)
+    with pytest.raises(ValueError, match=r"experts.8.down_proj.weight: expert 8 of a model with 8 experts"):
+        sglang_param_name(experts + ".8.down_proj.weight", num_experts=8)
+
+
+def test_per_expert_tensors_hash_as_sglangs_fused_moe_parameters():
+    mats = _experts()
+    # SGLang's layout built independently: w13[e] = [gate_e; up_e] (w1 at offset 0, w3 at offset I), w2[e] = down_e.
+    w13 = torch.stack([torch.cat([mats[e, "gate_proj"], mats[e, "up_proj"]]) for e in range(3)])  # [E, 2I, H]
+    w2 = torch.stack([mats[e, "down_proj"] for e in range(3)])  # [E, H, I]
+    p = "m.layers.0.mlp.experts"
+    named = [(f"{p}.{e}.{proj}.weight", t) for (e, proj), t in reversed(mats.items())]  # any order
+    got = sglang_checksums(named, dtype=torch.bfloat16, num_experts=3)
+    want = {f"{p}.w13_weight": tensor_checksum(w13.to(torch.bfloat16)), f"{p}.w2_weight": tensor_checksum(
+        w2.to(torch.bfloat16))}  # fmt: skip
+    assert got == want
+    fused = sglang_checksums([(f"{p}.gate_up_proj", w13), (f"{p}.down_proj", w2)], dtype=torch.bfloat16)
+    assert fused == want  # the reference engine's transformers parameters answer the same
+    with pytest.raises(ValueError, match=r"w13_weight: parts \[0, 1, 2, 3, 4\] of 6"):  # expert 2's up missing
+        sglang_checksums([n for n in named if n[0] != f"{p}.2.up_proj.weight"], dtype=torch.bfloat16, num_experts=3)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory, make_tiny_qwen3_moe):
+    """qwen3-moe-tiny's shape (2 layers of 8 experts of 32, hidden 64), fp32; per-expert names on disk."""
+    return make_tiny_qwen3_moe(tmp_path_factory.mktemp("weight-check-moe"))
+
+
+class AppEngine:
+    """An engine client over the reference engine's app in-process (`/weights_checker` as the server answers)."""
+
+    url = "http://moe:1"
+
+    def __init__(self, client):
+        self.client = client
+
+    async def request(self, method, route, payload=None, **kw):
+        reply = self.client.request(method, route, json=payload)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+
+def _moe_push(served, seed, swap=None):
+    """New weights for every tensor as the trainer pushes them (per-expert names), and as the engine gets them.
+
+    `swap`: two pushed names whose tensors the engine receives under each other's name (a wrong mapping).
+    """
+    from slime_core.moe_experts import split_experts
+
+    g = torch.Generator().manual_seed(seed)
+    state = served.model.state_dict()
+    state.pop("lm_head.weight")  # tied: the embedding
+    named = [item for k, v in state.items() for item in split_experts(k, v)]
+    pushed = [(n, t + 0.1 * torch.randn(t.shape, generator=g)) for n, t in named]
+    received = dict(pushed)
+    if swap is not None:
+        a, b = swap
+        received[a], received[b] = received[b], received[a]
+    return pushed, list(received.items())
+
+
+def test_a_pushed_qwen3_moe_checks_equal_on_the_reference_engine_and_a_swapped_expert_is_named(moe_dir):
+    from fastapi.testclient import TestClient
+
+    from slime_rollout.engines.reference.model import ReferenceModel
+    from slime_rollout.engines.reference.server import build_app
+
+    served = ReferenceModel(str(moe_dir))
+    app = build_app(served, max_running_requests=1, random_seed=0, server_args={})
+    with TestClient(app) as client:
+        engine = AppEngine(client)
+        names = set().union(*asyncio.run(engine_checksums(engine)))
+        experts = {f"model.layers.{i}.mlp.experts.{w}" for i in (0, 1) for w in ("w13_weight", "w2_weight")}
+        assert experts <= names and not any(".gate_up_proj" in n or "experts.down_proj" in n for n in names)
+        pushed, received = _moe_push(served, seed=1)
+        # Per layer q/k/v/o, 2 qk-norms, 2 layer norms and the router; the embedding and final norm; 2 x 8 x 3 experts.
+        assert len(pushed) == 2 * 9 + 2 + 48
+        sample = PushChecksums(len(names), seed=0, dtype=torch.float32, engine_names=names, num_experts=8)
+        served.weights.load_named_tensors(sample.watch(iter([received])).__next__())  # what the update route does
+        assert sample.unmatched == 0 and sample.incomplete == [] and set(sample.checksums) == names
+        report = asyncio.run(check_engines([engine], sample.checksums))
+        assert (report.checked, report.mismatches) == (len(names), [])
+        # Without the expert count (the defect): 48 unmatched, no expert drawn.
+        blind = PushChecksums(len(names), seed=0, dtype=torch.float32, engine_names=names)
+        list(blind.watch(iter([pushed])))
+        assert blind.unmatched == 48 and not experts & set(blind.checksums)
+
+        # Expert 2 and 5 of layer 0 swapped on the way, then gate and up of layer 1's expert 4: one mismatch each.
+        for swap, wrong in [
+            (("model.layers.0.mlp.experts.2.down_proj.weight", "model.layers.0.mlp.experts.5.down_proj.weight"),
+             "model.layers.0.mlp.experts.w2_weight"),
+            (("model.layers.1.mlp.experts.4.gate_proj.weight", "model.layers.1.mlp.experts.4.up_proj.weight"),
+             "model.layers.1.mlp.experts.w13_weight"),
+        ]:  # fmt: skip
+            pushed, received = _moe_push(served, seed=2, swap=swap)
+            sample = PushChecksums(len(names), seed=0, dtype=torch.float32, engine_names=names, num_experts=8)
+            list(sample.watch(iter([pushed])))
+            served.weights.load_named_tensors(received)
+            report = asyncio.run(check_engines([engine], sample.checksums))
+            assert report.checked == len(names) and len(report.mismatches) == 1, report.mismatches
+            assert report.mismatches[0].startswith(f"http://moe:1 {wrong}: engine checksum ")
+        # A LoRA run's base check reads the checkpoint (per-expert names): it holds other weights than the engine now.
+        base = PushChecksums.from_checkpoint(moe_dir, 64, seed=0, dtype=torch.float32, engine_names=names,
+                                             num_experts=8)  # fmt: skip
+        assert experts <= set(base.checksums) and base.unmatched == 0
+        served.weights.load_from_disk(str(moe_dir))
+        report = asyncio.run(check_engines([engine], base.checksums))
+        assert (report.checked, report.mismatches) == (len(names), [])

@@ -28,6 +28,8 @@ import pathlib
 import re
 from typing import Any
 
+from slime_core.config.architecture import config_num_experts
+
 __all__ = [
     "ARCHITECTURE_FIELDS",
     "FIELDS",
@@ -101,7 +103,7 @@ def expected_fields(config: dict[str, Any]) -> dict[str, int | None]:
 
 def _num_experts(c: dict[str, Any]) -> int:
     """Routed experts a (text) config declares under any of the usual names; 0 for a dense model."""
-    return c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
+    return config_num_experts(c) or 0
 
 
 def config_architecture(config: dict[str, Any]) -> dict[str, Any]:

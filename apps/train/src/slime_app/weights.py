@@ -108,15 +108,19 @@ class SyncChecker:
 
     Args:
         cfg: reads `check_weight_sync_interval` (N; 0: the first sync only), `check_weight_sync_tensors`, `seed`,
-            and what `slime_rollout.weight_sync.check.engine_weight_dtype` reads.
+            what `slime_rollout.weight_sync.check.engine_weight_dtype` reads, and `hf_checkpoint`'s expert count
+            (per-expert MoE tensors are compared as parts of SGLang's `w13_weight` / `w2_weight`).
         engine_urls: the engines to check.
     """
 
     def __init__(self, cfg: SlimeArgs, engine_urls: list[str]):
+        from slime_rollout.weight_sync.check import checkpoint_num_experts
+
         self.cfg = cfg
         self.engine_urls = list(engine_urls)
         self.num_syncs = 0
         self._engine_names: set[str] | None = None  # what the first engine holds: asked once, it never changes
+        self.num_experts = checkpoint_num_experts(cfg.hf_checkpoint) if cfg.hf_checkpoint else None
 
     def _engines(self) -> list[Any]:
         from slime_rollout.engines.client import EngineClient
@@ -151,10 +155,20 @@ class SyncChecker:
         if self.cfg.lora_rank:
             # A LoRA push holds the adapter, which the engine loads from files: compare the base it serves instead.
             return PushChecksums.from_checkpoint(
-                self.cfg.hf_checkpoint, k, seed=seed, dtype=dtype, engine_names=self._engine_names
+                self.cfg.hf_checkpoint,
+                k,
+                seed=seed,
+                dtype=dtype,
+                engine_names=self._engine_names,
+                num_experts=self.num_experts,
             )
         return PushChecksums(
-            k, seed=seed, dtype=dtype, engine_names=self._engine_names, fp32_params=self.cfg.true_on_policy_mode
+            k,
+            seed=seed,
+            dtype=dtype,
+            engine_names=self._engine_names,
+            fp32_params=self.cfg.true_on_policy_mode,
+            num_experts=self.num_experts,
         )
 
     def finish(self, sample: Any, weight_version: int) -> dict[str, float]:

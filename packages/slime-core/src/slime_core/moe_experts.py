@@ -6,7 +6,8 @@ transformers >= 5 holds the experts of an MoE block (e.g. `Qwen3MoeExperts`) as 
 `experts.{e}.gate_proj.weight` `[I, H]`, `experts.{e}.up_proj.weight` `[I, H]`, `experts.{e}.down_proj.weight`
 `[H, I]`. The FSDP trainer fuses them on load (`fuse_experts`) and splits them again for export and weight sync
 (`split_experts`); the reference engine writes a pushed per-expert matrix into its slice of the fused parameter
-(`expert_slice`).
+(`expert_slice`). `per_expert_name` / `fused_expert_name` parse the two spellings (the weight check maps both to
+SGLang's `w13_weight` / `w2_weight`).
 
 Legend: `E` experts, `I` expert intermediate size, `H` hidden size.
 """
@@ -18,10 +19,32 @@ from collections.abc import Container, Iterator
 
 import torch
 
-__all__ = ["expert_slice", "fuse_experts", "split_experts"]
+__all__ = ["expert_slice", "fuse_experts", "fused_expert_name", "per_expert_name", "split_experts"]
 
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 _FUSED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
+
+
+def per_expert_name(name: str) -> tuple[str, int, str] | None:
+    """`(experts prefix, expert index, projection)` of a per-expert checkpoint matrix; None for any other name.
+
+    Example:
+        >>> per_expert_name("model.layers.1.mlp.experts.3.up_proj.weight")
+        ('model.layers.1.mlp.experts', 3, 'up_proj')
+    """
+    m = _PER_EXPERT.match(name)
+    return None if m is None else (m["prefix"], int(m["e"]), m["proj"])
+
+
+def fused_expert_name(name: str) -> tuple[str, str] | None:
+    """`(experts prefix, projection)` of transformers' fused expert parameter (no `.weight`); None for any other name.
+
+    Example:
+        >>> fused_expert_name("model.layers.1.mlp.experts.gate_up_proj")
+        ('model.layers.1.mlp.experts', 'gate_up_proj')
+    """
+    m = _FUSED.match(name)
+    return None if m is None else (m["prefix"], m["proj"])
 
 
 def fuse_experts(checkpoint: dict[str, torch.Tensor], wanted: set[str]) -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ from typing import Any
 from slime_core.config.megatron_checks import megatron_flag_values
 from slime_core.config.megatron_flags import MEGATRON_FLAG_RULES
 
-__all__ = ["ArchitectureReport", "check_architecture", "is_dense_config", "parse_moe_layer_freq"]
+__all__ = ["ArchitectureReport", "check_architecture", "config_num_experts", "is_dense_config", "parse_moe_layer_freq"]
 
 _UNKNOWN = object()
 _IGNORED = object()
@@ -81,8 +81,31 @@ def _mla(cfg: dict[str, Any]) -> Any:
     return _UNKNOWN if cfg.get("model_type") in _DEEPSEEK or cfg.get("model_type") not in _RMSNORM else False
 
 
+# The routed-expert count under the names HF model families use (Qwen-MoE, Mixtral, DeepSeek), first one set wins.
+_NUM_EXPERTS_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def config_num_experts(hf_config: dict[str, Any]) -> int | None:
+    """Routed experts per MoE layer that a config.json declares; None for a dense model (no such key set).
+
+    Args:
+        hf_config: a parsed config.json; a multimodal one's `text_config` is read when the top level names none.
+
+    Returns:
+        The first of `num_experts` (Qwen-MoE), `num_local_experts` (Mixtral), `n_routed_experts` (DeepSeek) that is
+        set (not null), else the same from `text_config`, else None. Shared experts are not counted.
+    """
+    text = hf_config.get("text_config")
+    for cfg in (hf_config, text if isinstance(text, dict) else {}):
+        found = _get(cfg, *_NUM_EXPERTS_KEYS)
+        if found is not _UNKNOWN:
+            return found
+    return None
+
+
 def _num_experts(cfg: dict[str, Any]) -> Any:
-    return _get(cfg, "num_experts", "num_local_experts", "n_routed_experts")
+    found = config_num_experts(cfg)
+    return _UNKNOWN if found is None else found
 
 
 def _is_dense(cfg: dict[str, Any]) -> bool:

@@ -29,7 +29,7 @@ UNSUPPORTED: dict[str, str] = {
     "async_save": "checkpoints are written synchronously",
     "check_weight_update_equal": (
         "no full engine-vs-checkpoint compare; --check-weight-sync compares SGLang's /weights_checker checksums of a "
-        "sample with the pushed bytes"
+        "sample with the pushed bytes (MoE experts included, as SGLang's fused w13_weight / w2_weight)"
     ),
     "ci_disable_kl_checker": "no built-in CI checks; the test suite asserts these properties",
     "ci_load_grad_norm": "no built-in CI checks; the test suite asserts these properties",

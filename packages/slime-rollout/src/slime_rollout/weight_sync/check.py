@@ -5,11 +5,19 @@ wrong parameter, a transposed or mis-sharded tensor, an update the engine droppe
 tensor all pass the version check and silently train the policy against a different sampler.
 
 How: SGLang's `POST /weights_checker {"action": "checksum"}` answers a checksum of every parameter it holds, under
-its own names (fused `qkv_proj` / `gate_up_proj`; the reference engine answers the same). While the buckets of a
+its own names (fused `qkv_proj` / `gate_up_proj`, a MoE layer's experts as `experts.w13_weight` / `w2_weight`; the
+reference engine answers the same). While the buckets of a
 push stream past, `PushChecksums` draws `k` of the engine's parameters (reservoir sampling over the engine names
 the push touches, seeded by the sync index so that successive checks cover different tensors), assembles their
 parts and computes the same checksum (`slime_rollout.engines.weight_checksum`) of the bytes the engine should now hold
 (cast to its dtype). `check_engines` then asks every engine and compares: equal bytes or a mismatch, no tolerance.
+
+MoE experts: the trainer pushes one matrix per expert (`experts.{e}.gate_proj.weight`, ...); given the run's expert
+count (`num_experts`, from `--hf-checkpoint`'s config.json) they are the parts of SGLang's `w13_weight` (2E parts:
+gate_0, up_0, gate_1, ...) and `w2_weight` (E parts), so a drawn expert parameter is compared whole (a swapped
+expert or a swapped gate/up pair is a mismatch). Without it they are all `unmatched`. The draw holds the parts of a
+drawn parameter until its last part arrives: a drawn `w13_weight` is a copy (in the engine's dtype) of the gate and
+up matrices of all its layer's experts, so the check's memory is up to `k` such parameters.
 
 SGLang's `/get_weights_by_name` is not used: it is implemented per model class, and not for Qwen3 (HTTP 400 for
 every name in 0.5.16). A check that compares nothing is not a pass: the caller stops the run (`WeightCheckEmpty`).
@@ -30,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from slime_core.config.architecture import config_num_experts
 from slime_core.config.sglang_flags import sglang_fields
 from slime_core.error_text import preview
 from slime_core.extensions import engine_spec
@@ -39,9 +48,9 @@ from slime_rollout.engines.weight_checksum import (
     Part,
     hash_dtype,
     hash_parts,
+    parts_checksum,
     sglang_param_name,
     strip_wrappers,
-    tensor_checksum,
 )
 
 if TYPE_CHECKING:
@@ -50,6 +59,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "checkpoint_num_experts",
     "engine_weight_dtype",
     "PushChecksums",
     "WeightCheckEmpty",
@@ -102,6 +112,41 @@ def engine_weight_dtype(cfg: SlimeArgs) -> torch.dtype:
     return _DTYPES[name]
 
 
+def checkpoint_num_experts(hf_checkpoint: str | pathlib.Path) -> int | None:
+    """Routed experts per MoE layer of the checkpoint the engines serve (`config_num_experts` of its config.json).
+
+    Args:
+        hf_checkpoint: `--hf-checkpoint`, a local HF directory.
+
+    Returns:
+        The expert count; None for a dense model, when the directory has no config.json, or for a model with
+        DeepSeek-style shared experts (`n_shared_experts`), which SGLang may fuse into the same `w13_weight` /
+        `w2_weight` as extra experts (`num_fused_shared_experts`), a layout the check does not model. Then expert
+        tensors are counted as unmatched names, which the check's log line reports.
+
+    Raises:
+        ValueError: config.json is not valid JSON (names the file).
+    """
+    config_file = pathlib.Path(str(hf_checkpoint)) / "config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{config_file}: not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    if text.get("n_shared_experts") or config.get("n_shared_experts"):
+        logger.warning(
+            "weight check: %s has shared experts (n_shared_experts), which SGLang may fuse into experts.w13_weight: "
+            "expert tensors are not compared (counted as unmatched names)",
+            config_file,
+        )
+        return None
+    return config_num_experts(config)
+
+
 def _wrapper_free(checksums: dict[str, str]) -> dict[str, str]:
     return {strip_wrappers(name): value for name, value in checksums.items()}
 
@@ -116,6 +161,8 @@ class PushChecksums:
         engine_names: the parameter names the engine holds (from `engine_checksums` before the push); a pushed
             tensor whose SGLang name is not among them is counted in `unmatched`, not drawn. None: no filter.
         fp32_params: the engine holds embeddings and norms in float32 (`--true-on-policy-mode`; `hash_dtype`).
+        num_experts: routed experts per MoE layer (per-expert tensors are parts of SGLang's `w13_weight` /
+            `w2_weight`: `sglang_param_name`); None for a dense model.
 
     Attributes:
         checksums: `{SGLang name: 16 hex digits}` of the drawn parameters whose parts all arrived.
@@ -131,8 +178,9 @@ class PushChecksums:
         dtype: torch.dtype,
         engine_names: Iterable[str] | None = None,
         fp32_params: bool = False,
+        num_experts: int | None = None,
     ) -> None:
-        self.k, self.dtype, self.fp32_params = k, dtype, fp32_params
+        self.k, self.dtype, self.fp32_params, self.num_experts = k, dtype, fp32_params, num_experts
         self.engine_names = None if engine_names is None else {strip_wrappers(n) for n in engine_names}
         self._rng = random.Random(seed)
         self._seen: set[str] = set()
@@ -145,7 +193,7 @@ class PushChecksums:
 
     def _offer(self, hf_name: str, item: Part) -> None:
         """Draws or skips one pushed tensor (an FP8 weight comes as `(weight, scale)`: `pair_fp8`)."""
-        name, index, count = sglang_param_name(hf_name)
+        name, index, count = sglang_param_name(hf_name, num_experts=self.num_experts)
         if self.engine_names is not None and name not in self.engine_names:
             self.unmatched += 1
             self.unmatched_example = self.unmatched_example or f"{hf_name} (as {name})"
@@ -185,22 +233,31 @@ class PushChecksums:
 
     @classmethod
     def from_checkpoint(
-        cls, hf_dir: str | pathlib.Path, k: int, *, seed: int, dtype: torch.dtype, engine_names: Iterable[str] | None
+        cls,
+        hf_dir: str | pathlib.Path,
+        k: int,
+        *,
+        seed: int,
+        dtype: torch.dtype,
+        engine_names: Iterable[str] | None,
+        num_experts: int | None = None,
     ) -> PushChecksums:
         """Checksums of `k` engine parameters drawn from an HF checkpoint's safetensors (read: only those drawn).
 
         For a LoRA run, whose pushes hold the adapter only: the engine's base weights are compared with the
         checkpoint the trainer loaded its base from. `watch` then passes the buckets through untouched.
+        `num_experts` as in the constructor.
 
         Raises:
             FileNotFoundError: no `*.safetensors` in `hf_dir`.
+            ValueError: a per-expert tensor whose expert index is not below `num_experts`.
         """
         from safetensors import safe_open
 
         files = sorted(pathlib.Path(hf_dir).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"{hf_dir}: no *.safetensors to compare the engine's base weights with")
-        checker = cls(k, seed=seed, dtype=dtype, engine_names=engine_names)
+        checker = cls(k, seed=seed, dtype=dtype, engine_names=engine_names, num_experts=num_experts)
         checker._frozen = True
         where: dict[str, pathlib.Path] = {}
         groups: dict[str, dict[int, str]] = {}
@@ -208,7 +265,7 @@ class PushChecksums:
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():  # noqa: SIM118 - safe_open is no mapping
-                    name, index, count = sglang_param_name(key)
+                    name, index, count = sglang_param_name(key, num_experts=num_experts)
                     if checker.engine_names is not None and name not in checker.engine_names:
                         checker.unmatched += 1
                         checker.unmatched_example = checker.unmatched_example or f"{key} (as {name})"
@@ -223,13 +280,13 @@ class PushChecksums:
             with safe_open(str(file), framework="pt") as f:
                 for key in wanted:
                     if where[key] == file:
-                        tensors[key] = f.get_tensor(key).to(device, dtype).reshape(-1)
+                        tensors[key] = f.get_tensor(key).to(device, dtype)
         for name in drawn:
             if len(groups[name]) != checker._num_parts[name]:
                 checker._drawn[name] = {}  # reported as incomplete
                 continue
             parts = [tensors[groups[name][index]] for index in range(checker._num_parts[name])]
-            checker.checksums[name] = tensor_checksum(torch.cat(parts))
+            checker.checksums[name] = parts_checksum(parts)
         return checker
 
     def watch(self, buckets: Iterable[Bucket]) -> Iterator[Bucket]:

@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
+from slime_core.config.architecture import config_num_experts
 from slime_core.hf_names import to_module_name
 from slime_core.moe_experts import expert_slice
 from slime_rollout.engines.reference.fp8 import ServedFp8
@@ -110,15 +111,19 @@ class ServedWeights:
     def weight_checksums(self) -> dict[str, str]:
         """SGLang's `/weights_checker` checksums of the weights held (`slime_rollout.engines.weight_checksum`).
 
-        Names as SGLang's (fused `qkv_proj` / `gate_up_proj`); a tied `lm_head.weight` is the embedding and, as in
-        SGLang's Qwen3, not listed; non-persistent buffers (rotary tables) are not weights.
+        Names as SGLang's (fused `qkv_proj` / `gate_up_proj`; an MoE layer's experts as `experts.w13_weight` /
+        `experts.w2_weight`, from transformers' fused `experts.gate_up_proj` / `experts.down_proj`, which hold the
+        same bytes in the same order, or from per-expert modules); a tied `lm_head.weight` is the embedding and, as
+        in SGLang's Qwen3, not listed; non-persistent buffers (rotary tables) are not weights.
         """
         state = self.model.state_dict()
-        if getattr(self.model.config.get_text_config(), "tie_word_embeddings", False):
+        text_config = self.model.config.get_text_config()
+        if getattr(text_config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
+        num_experts = config_num_experts(text_config.to_dict())
         with self.lock:
             items = self.fp8.checksum_items({k: v.detach() for k, v in state.items()})  # FP8: e4m3 + scales held
-            return sglang_checksums(items, dtype=self.model.dtype)
+            return sglang_checksums(items, dtype=self.model.dtype, num_experts=num_experts)
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """A parameter's first `truncate_size` entries along dim 0 as float32 lists (SGLang's `/get_weights_by_name`).
