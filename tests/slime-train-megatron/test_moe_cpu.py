@@ -1,0 +1,130 @@
+"""Megatron Qwen3-MoE on CPU against Hugging Face: the MoE flags as a run passes them, no megatron-core piece mocked.
+
+The routers are scaled up (std 0.5) so every token's top-2 is decisive: a routing difference moves log-probs by
+about 0.05 here, far above the fp32 tolerance.
+"""
+
+import pytest
+import torch
+
+from slime_convert import ModelArgs
+from slime_train_megatron.logprobs import vocab_parallel_log_probs
+from slime_train_megatron.packing import pack_thd
+from slime_train_megatron.settings import MegatronSettings
+
+pytest.importorskip("megatron.core")
+
+_SAMPLES = [torch.tensor([5, 6, 7, 8, 40, 41, 42]), torch.tensor([9, 10, 11, 12, 13, 14, 200, 201, 202])]
+_RESPONSE_LENGTHS = [4, 5]
+
+
+@pytest.fixture(scope="module")
+def moe_hf(tmp_path_factory):
+    """Factory: `moe_hf(norm_topk_prob) -> (fp32 HF Qwen3-MoE, dir)`: 2 layers, 4 experts, top-2."""
+    transformers = pytest.importorskip("transformers")
+    cache: dict[bool, tuple] = {}
+
+    def make(norm_topk_prob: bool):
+        if norm_topk_prob not in cache:
+            config = transformers.AutoConfig.for_model(
+                "qwen3_moe", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=256, num_experts=4,
+                num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=norm_topk_prob,
+            )  # fmt: skip
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if "norm" in name:
+                        p.normal_(1.0, 0.1)
+                    elif name.endswith("mlp.gate.weight"):
+                        p.normal_(0.0, 0.5)
+            out = tmp_path_factory.mktemp(f"qwen3-moe-norm-{norm_topk_prob}")
+            model.save_pretrained(out)
+            cache[norm_topk_prob] = (model, out)
+        return cache[norm_topk_prob]
+
+    return make
+
+
+def _megatron_log_probs(hf_dir, train: bool = False, **flags):
+    """Response log-probs (temperature 1) of the packed samples, and the transformer config, as the backend builds."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from slime_train_megatron.model import build_gpt_model, build_transformer_config, load_hf_weights
+
+    model_args = ModelArgs.from_hf_dir(hf_dir)
+    settings = MegatronSettings(transformer_impl="local", **{"fp32": True, **flags})
+    config = build_transformer_config(model_args, settings, cpu=True)
+    model = build_gpt_model(model_args, settings, config).train(train)
+    load_hf_weights(model, str(hf_dir), model_args, settings)
+    packed = pack_thd(_SAMPLES, _RESPONSE_LENGTHS)
+    cu, longest = packed.cu_seqlens, packed.max_seqlen
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
+                             cu_seqlens_kv_padded=cu, max_seqlen_q=longest, max_seqlen_kv=longest)  # fmt: skip
+    with torch.set_grad_enabled(train):
+        logits = model(packed.tokens, packed.position_ids, attention_mask=None, packed_seq_params=params)[0]
+    lp, _ = vocab_parallel_log_probs(
+        logits[packed.logit_index].float(), packed.targets, temperature=1.0, vocab_size=model_args.vocab_size
+    )
+    return lp.detach().double(), config, model
+
+
+def _hf_log_probs(hf_model):
+    out = []
+    with torch.no_grad():
+        for ids, r in zip(_SAMPLES, _RESPONSE_LENGTHS, strict=True):
+            lp = torch.log_softmax(hf_model(ids[None]).logits[0].double(), -1)
+            out.append(lp[len(ids) - r - 1 : -1].gather(1, ids[-r:, None])[:, 0])
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {},  # slime's default dispatcher (alltoall): megatron-core's built a CUDA stream, AcceleratorError on CPU
+        {"moe_grouped_gemm": True},  # the original's Qwen3-MoE scripts: AssertionError (no grouped_gemm) before
+        {"moe_token_dispatcher_type": "allgather", "moe_router_dtype": "fp32"},
+        {"moe_router_dtype": "fp64", "moe_router_load_balancing_type": "seq_aux_loss", "moe_z_loss_coeff": 0.01},
+    ],
+    ids=["default", "grouped-gemm", "allgather-router-fp32", "router-fp64-seq-aux-z-loss"],
+)
+def test_moe_response_log_probs_match_hf_fp32(norm_topk_prob, flags, moe_hf, megatron_cpu_world):
+    """fp32 Megatron vs HF fp32 (fp64 softmax), eval and train mode: 1e-5. norm_topk_prob=False is Megatron's
+    pre-softmax top-k, True its top-k softmax; the router losses only add gradients, never change the forward."""
+    hf_model, hf_dir = moe_hf(norm_topk_prob)
+    expected = _hf_log_probs(hf_model)
+    lp, config, model = _megatron_log_probs(hf_dir, **flags)
+    torch.testing.assert_close(lp, expected, atol=1e-5, rtol=0)
+    assert config.moe_router_pre_softmax is not norm_topk_prob
+    # On CPU the dispatcher is allgather and the experts run one by one (the names the HF tables map).
+    assert config.moe_token_dispatcher_type == "allgather" and not config.moe_grouped_gemm
+    experts = model.decoder.layers[0].mlp.experts
+    assert type(experts).__name__ == "SequentialMLP" and len(experts.local_experts) == 4
+    train_lp, _, _ = _megatron_log_probs(hf_dir, train=True, **flags)
+    torch.testing.assert_close(train_lp, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_moe_bf16_response_log_probs_are_as_close_to_hf_fp32_as_hf_bf16(norm_topk_prob, moe_hf, megatron_cpu_world):
+    """bf16 Megatron (router in fp32, as the original's scripts) vs HF fp32: within 2× HF bf16's own gap + 0.01."""
+    transformers = pytest.importorskip("transformers")
+    hf_model, hf_dir = moe_hf(norm_topk_prob)
+    expected = _hf_log_probs(hf_model)
+    hf16 = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16).eval()
+    hf16_gap = float((_hf_log_probs(hf16) - expected).abs().max())
+    lp, config, _ = _megatron_log_probs(hf_dir, fp32=False, bf16=True, moe_router_dtype="fp32")
+    assert config.params_dtype == torch.bfloat16
+    gap = float((lp - expected).abs().max())
+    assert 0 < gap <= 2 * hf16_gap + 0.01, (gap, hf16_gap)
+
+
+def test_flex_dispatcher_without_deep_ep_is_refused_in_one_line(moe_hf):
+    """megatron-core raised an ImportError while building the first MoE layer; now the flag is named first."""
+    from slime_train_megatron.model import moe_token_dispatcher
+
+    _, hf_dir = moe_hf(True)
+    settings = MegatronSettings(expert_model_parallel_size=2, moe_token_dispatcher_type="flex", moe_enable_deepep=True)
+    with pytest.raises(ValueError, match="^--moe-token-dispatcher-type flex needs DeepEP"):
+        moe_token_dispatcher(settings, ModelArgs.from_hf_dir(hf_dir), cpu=False)
