@@ -154,3 +154,57 @@ def test_expert_parallel_two_ranks_export_logits_and_torch_dist(moe_hf, tmp_path
     for r in ranks:
         assert r["export_differs"] == [] and r["roundtrip_differs"] == [] and r["converted_differs"] == [], r
         assert r["fresh_model_differs"] and r["logits_max_diff"] < 1e-5, r
+
+
+_ORIGINAL_QWEN3_MOE_FLAGS = [  # scripts/models/qwen3-30B-A3B.sh's MoE training flags (the architecture ones come from
+    # config.json), as a run passes them
+    "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm", "--moe-token-drop-policy", "probs",
+    "--moe-router-dtype", "fp32", "--moe-permute-fusion", "--moe-aux-loss-coeff", "0",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--moe-aux-loss-coeff", "0.01"],
+        ["--moe-router-dtype", "fp64", "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001"],
+        ["--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "0.01"],
+        [],
+    ],
+    ids=["aux", "fp64-aux-z", "seq-aux", "original"],
+)
+def test_bf16_train_step_with_the_original_qwen3_moe_flags(cpu_backend_env, moe_hf, extra):
+    """The backend's bf16 RL step (old log-probs, one optimizer step) runs with the original's MoE flags; its old
+    log-probs are HF fp32's within bf16 noise (0.01), and the router gets a finite gradient only from the policy
+    loss or also from the router losses."""
+    from slime_core.batch import RolloutBatch
+    from slime_core.config import SlimeArgs
+
+    hf_model, hf_dir = moe_hf(True)
+    flags = ["--bf16", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3",
+             *_ORIGINAL_QWEN3_MOE_FLAGS, *extra]  # fmt: skip
+    run = {"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "advantage_estimator": "grpo",
+           "n_samples_per_prompt": 2}  # fmt: skip
+    args = SlimeArgs.from_dict({**run, "hf_checkpoint": str(hf_dir), "megatron_args": flags})
+    backend = cpu_backend_env.MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    assert backend.module.config.moe_router_dtype == ("fp64" if "fp64" in extra else "fp32")
+    batch = RolloutBatch(
+        tokens=list(_SAMPLES), response_lengths=_RESPONSE_LENGTHS,
+        loss_masks=[torch.ones(r) for r in _RESPONSE_LENGTHS],
+        rewards=[1.0, -1.0], raw_rewards=[1.0, 0.0], loss_denominators=[float(r) for r in _RESPONSE_LENGTHS],
+        micro_batches=[[[0], [1]]], step_sample_counts=[2], step_token_counts=[float(sum(_RESPONSE_LENGTHS))],
+    )  # fmt: skip
+    old = torch.cat(backend.compute_log_probs(batch)).double()
+    torch.testing.assert_close(old, _hf_log_probs(hf_model), atol=0.01, rtol=0)  # measured 0.0014
+    seen = {}
+    step = backend.optimizer_step
+
+    def capture():
+        seen.update({n: p.main_grad.detach().clone() for n, p in backend.module.named_parameters() if "router" in n})
+        return step()
+
+    backend.optimizer_step = capture
+    metrics = backend.train(0, batch)
+    assert all(torch.isfinite(torch.tensor(float(v))) for v in metrics.values()), metrics
+    assert seen and all(bool(torch.isfinite(g).all()) and float(g.abs().max()) > 0 for g in seen.values())
