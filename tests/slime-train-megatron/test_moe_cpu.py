@@ -208,3 +208,54 @@ def test_bf16_train_step_with_the_original_qwen3_moe_flags(cpu_backend_env, moe_
     metrics = backend.train(0, batch)
     assert all(torch.isfinite(torch.tensor(float(v))) for v in metrics.values()), metrics
     assert seen and all(bool(torch.isfinite(g).all()) and float(g.abs().max()) > 0 for g in seen.values())
+
+
+def _hf_router_losses(hf_model, top_k: int = 2) -> dict[str, float]:
+    """Switch load-balancing loss E·Σ_e f_e·P_e and z-loss mean(logsumexp²) per layer and sample, from HF's router
+    logits (Fedus et al. 2021, eq. 4; Zoph et al. 2022, eq. 5), averaged as megatron-core's tracker is logged."""
+    logits: list[torch.Tensor] = []
+    hooks = [layer.mlp.gate.register_forward_hook(lambda m, i, o: logits.append(o[0].double()))
+             for layer in hf_model.model.layers]  # fmt: skip
+    with torch.no_grad():
+        for ids in _SAMPLES:
+            hf_model(ids[None])
+    for h in hooks:
+        h.remove()
+    lb, z = [], []
+    for lg in logits:  # [T, E] per (sample, layer)
+        probs = torch.softmax(lg, -1)
+        routed = torch.zeros_like(probs).scatter(1, probs.topk(top_k, -1).indices, 1.0)
+        f, p = routed.sum(0) / (lg.shape[0] * top_k), probs.mean(0)
+        lb.append(float(lg.shape[1] * (f * p).sum()))
+        z.append(float((torch.logsumexp(lg, -1) ** 2).mean()))
+    return {"train/load_balancing_loss": sum(lb) / len(lb), "train/z_loss": sum(z) / len(z)}
+
+
+def test_router_loss_metrics_are_megatron_cores_tracked_losses(cpu_backend_env, moe_hf):
+    """`train/load_balancing_loss` and `train/z_loss` (megatron-core's names; the original logs none): the mean over
+    the rollout's micro-batches and MoE layers of the un-weighted losses, vs the same losses from HF's router logits
+    (fp32 training forward vs fp64 reference: 1e-5). With the router losses off, no such metric."""
+    from slime_core.batch import RolloutBatch
+    from slime_core.config import SlimeArgs
+
+    hf_model, hf_dir = moe_hf(True)
+    run = {"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "advantage_estimator": "grpo",
+           "n_samples_per_prompt": 2, "hf_checkpoint": str(hf_dir)}  # fmt: skip
+    base = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
+    batch = RolloutBatch(
+        tokens=list(_SAMPLES), response_lengths=_RESPONSE_LENGTHS,
+        loss_masks=[torch.ones(r) for r in _RESPONSE_LENGTHS], rewards=[1.0, -1.0], raw_rewards=[1.0, 0.0],
+        loss_denominators=[float(r) for r in _RESPONSE_LENGTHS], micro_batches=[[[0], [1]]], step_sample_counts=[2],
+        step_token_counts=[float(sum(_RESPONSE_LENGTHS))],
+    )  # fmt: skip
+    metrics = {}
+    for coeffs in (["--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001"], ["--moe-aux-loss-coeff", "0"]):
+        backend = cpu_backend_env.MegatronTrainBackend()
+        backend.init(SlimeArgs.from_dict({**run, "megatron_args": [*base, *coeffs]}), with_ref=False)
+        metrics[coeffs[1]] = backend.train(0, batch)
+    expected = _hf_router_losses(hf_model)
+    on = {k: v for k, v in metrics["0.01"].items() if k in expected}
+    assert on.keys() == expected.keys(), metrics["0.01"]
+    for name, value in expected.items():
+        assert abs(on[name] - value) <= 1e-5, (name, on[name], value)
+    assert not {"train/load_balancing_loss", "train/z_loss"} & metrics["0"].keys()

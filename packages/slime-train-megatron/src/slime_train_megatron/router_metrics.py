@@ -1,0 +1,46 @@
+"""MoE router losses as `train/*` metrics: megatron-core's own tracker, reduced and averaged as Megatron-LM logs it.
+
+megatron-core's router records, in every training forward with a router loss on (`--moe-aux-loss-coeff` or
+`--moe-z-loss-coeff` > 0), each MoE layer's loss divided by its coefficient (`moe_utils.save_to_aux_losses_tracker`:
+`load_balancing_loss`, `seq_load_balancing_loss`, `global_load_balancing_loss`, `z_loss`). Megatron-LM's
+`track_moe_metrics` logs `Σ_layers value / num_microbatches / num_moe_layers` after megatron-core's reduction over
+ranks; the original slime never reads the tracker, so it logs none. Here one value per rollout: the mean over its
+training micro-batches (every optimizer step's) and MoE layers, as `train/<megatron-core's name>`.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from megatron.core.transformer.moe import moe_utils
+
+__all__ = ["reset_router_losses", "router_loss_metrics"]
+
+
+def reset_router_losses() -> None:
+    """Forgets every tracked router loss, names included (the tracker is megatron-core's process-wide dict)."""
+    moe_utils.get_moe_layer_wise_logging_tracker().clear()
+
+
+def router_loss_metrics(num_moe_layers: int, num_micro_batches: int) -> dict[str, float]:
+    """The tracked router losses of the training forwards since the last call, then clears the tracker (collective).
+
+    Args:
+        num_moe_layers: MoE layers of the whole model (every pipeline stage's).
+        num_micro_batches: training forwards since the last call on this rank (each step's micro-batches, the
+            schedule's empty-slot dummies included: they ran the router too).
+
+    Returns:
+        `{"train/<name>": mean un-weighted loss}` for each loss megatron-core tracked (none with the losses off).
+        Formula: megatron-core's `track_moe_metrics` with `loss_scale = 1 / num_micro_batches`.
+    """
+    tracker = moe_utils.get_moe_layer_wise_logging_tracker()
+    if not tracker or num_micro_batches == 0:
+        return {}
+    if dist.get_world_size() > 1:
+        # megatron-core's reduction (pipeline stages summed, each loss's own group, DP averaged). One rank: identity,
+        # and gloo (CPU) has no AVG reduction.
+        moe_utils.reduce_aux_losses_tracker_across_ranks()
+    out = {f"train/{name}": float(entry["values"].float().sum()) / num_micro_batches / num_moe_layers
+           for name, entry in sorted(tracker.items())}  # fmt: skip
+    reset_router_losses()
+    return out
