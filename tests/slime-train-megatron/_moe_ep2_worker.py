@@ -70,6 +70,18 @@ def run(rank: int, port: int, hf_dir: str, ckpt_dir: str) -> None:
     result["fresh_model_differs"] = bool(differing(build()))  # the round trips below are not vacuous
     result["roundtrip_differs"] = differing(load_torch_dist(saved))
     result["converted_differs"] = differing(load_torch_dist(os.path.join(ckpt_dir, "converted", "release")))
+    # Router-loss metrics over DP 2 (`router_metrics`): rank r tracked layer losses [1 + r, 3 + r] (load balancing,
+    # summed over the TP×CP group of one) and [10 + 2r, 20 + 2r] (z-loss, no group) in its one micro-batch.
+    from megatron.core.transformer.moe import moe_utils
+
+    from slime_train_megatron.router_metrics import reset_router_losses, router_loss_metrics
+
+    reset_router_losses()
+    tp_cp = parallel_state.get_tensor_and_context_parallel_group()
+    for layer, value in ((1, 1.0), (2, 3.0)):
+        moe_utils.save_to_aux_losses_tracker("load_balancing_loss", torch.tensor(value + rank), layer, 2, tp_cp)
+        moe_utils.save_to_aux_losses_tracker("z_loss", torch.tensor(10.0 * layer + 2 * rank), layer, 2)
+    result["router_metrics"] = router_loss_metrics(num_moe_layers=2, num_micro_batches=1)
     out = [None, None]
     dist.all_gather_object(out, result)
     if rank == 0:

@@ -139,7 +139,8 @@ def test_flex_dispatcher_without_deep_ep_is_refused_in_one_line(moe_hf):
 @pytest.mark.slow
 def test_expert_parallel_two_ranks_export_logits_and_torch_dist(moe_hf, tmp_path):
     """EP 2 on two gloo ranks (2 experts each): HF export bit for bit, logits vs HF fp32 (1e-5), torch_dist saved at
-    EP 2 and slime-convert's (written without parallelism) both load back bit for bit."""
+    EP 2 and slime-convert's (written without parallelism) both load back bit for bit; router-loss metrics averaged
+    over the two DP ranks."""
     pytest.importorskip("megatron.core")
     _, hf_dir = moe_hf(True)
     worker = pathlib.Path(__file__).with_name("_moe_ep2_worker.py")
@@ -152,6 +153,8 @@ def test_expert_parallel_two_ranks_export_logits_and_torch_dist(moe_hf, tmp_path
     ranks = json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
     assert [r["local_experts"] for r in ranks] == [[0, 1], [2, 3]]
     for r in ranks:
+        # Over r = 0, 1 (DP mean) and 2 layers: (4 + 2r) -> 5 / 2 and (30 + 4r) -> 32 / 2, on both ranks.
+        assert r["router_metrics"] == {"train/load_balancing_loss": 2.5, "train/z_loss": 16.0}, r
         assert r["export_differs"] == [] and r["roundtrip_differs"] == [] and r["converted_differs"] == [], r
         assert r["fresh_model_differs"] and r["logits_max_diff"] < 1e-5, r
 

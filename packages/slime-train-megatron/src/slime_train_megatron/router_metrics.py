@@ -11,6 +11,7 @@ training micro-batches (every optimizer step's) and MoE layers, as `train/<megat
 from __future__ import annotations
 
 import torch.distributed as dist
+from megatron.core import parallel_state
 from megatron.core.transformer.moe import moe_utils
 
 __all__ = ["reset_router_losses", "router_loss_metrics"]
@@ -37,10 +38,39 @@ def router_loss_metrics(num_moe_layers: int, num_micro_batches: int) -> dict[str
     if not tracker or num_micro_batches == 0:
         return {}
     if dist.get_world_size() > 1:
-        # megatron-core's reduction (pipeline stages summed, each loss's own group, DP averaged). One rank: identity,
-        # and gloo (CPU) has no AVG reduction.
-        moe_utils.reduce_aux_losses_tracker_across_ranks()
+        _reduce_across_ranks(tracker)
     out = {f"train/{name}": float(entry["values"].float().sum()) / num_micro_batches / num_moe_layers
            for name, entry in sorted(tracker.items())}  # fmt: skip
     reset_router_losses()
     return out
+
+
+def _mean(values, group) -> None:
+    # SUM then divide: megatron-core's ReduceOp.AVG, which gloo (CPU worlds) does not have.
+    dist.all_reduce(values, group=group)
+    values /= dist.get_world_size(group)
+
+
+def _reduce_across_ranks(tracker: dict) -> None:
+    """megatron-core's `reduce_aux_losses_tracker_across_ranks`, in place, on any backend.
+
+    Pipeline stages summed (each holds its layers), each loss's own group summed (ranks holding parts of its sum),
+    then DP or the loss's `avg_group` averaged (a loss without either group, the z-loss, over DP). In name order, so
+    every rank issues the same collectives.
+    """
+    pp_group = parallel_state.get_pipeline_model_parallel_group()
+    dp_group = parallel_state.get_data_parallel_group(with_context_parallel=False, partial_data_parallel=False)
+    for name in sorted(tracker):
+        entry = tracker[name]
+        values = entry["values"]
+        dist.all_reduce(values, group=pp_group)
+        if entry.get("reduce_group") is not None:
+            dist.all_reduce(values, group=entry["reduce_group"])
+            if not entry.get("reduce_group_has_dp", False):
+                _mean(values, dp_group)
+        if entry.get("avg_group") is not None:
+            _mean(values, entry["avg_group"])
+        elif entry.get("reduce_group") is None:
+            # The z-loss: megatron-core leaves each rank its own (Megatron-LM logs the last rank's); averaged over DP
+            # here, so that every rank reports the same value.
+            _mean(values, dp_group)
