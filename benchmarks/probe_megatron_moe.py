@@ -1,6 +1,7 @@
 """Megatron MoE log-probs against Hugging Face's on one GPU: which Megatron setting parts them.
 
 `python3 benchmarks/probe_megatron_moe.py --preset qwen3-moe-small [--variants default,allgather,router=fp32,fp32]`
+(`--device cpu`: the same on CPU, tiny presets)
 
 Packs `--num-samples` GSM8K questions (tokenized with the chat template, each followed by `--response-len` tokens
 drawn from the HF fp32 model at temperature 1) into one THD row, as the trainer does, and scores every response token
@@ -19,9 +20,12 @@ import _common  # sibling module
 import torch
 
 VARIANTS = {
-    "default": {},
+    "default": {},  # alltoall: on CPU megatron-core's dispatcher needs CUDA streams, so it runs as allgather (logged)
     "allgather": {"moe_token_dispatcher_type": "allgather"},
     "router=fp32": {"moe_router_dtype": "fp32"},
+    "router=fp64": {"moe_router_dtype": "fp64"},
+    "grouped-gemm": {"moe_grouped_gemm": True},  # TE's grouped experts; the local spec runs them one by one (logged)
+    "capacity=1": {"moe_expert_capacity_factor": 1.0},  # token dropping: the engine drops none
     "fp32": {"fp32": True, "bf16": False},
 }
 

@@ -85,6 +85,26 @@ def test_moe_flags_against_the_moe_config():
     ]  # fmt: skip
 
 
+def test_qwen3_moe_has_no_routed_scaling_groups_or_shared_experts():
+    # Were "not checked" (Qwen3-MoE's config.json has no such keys) and the model was built without them: a plain
+    # softmax top-k router over routed experts, as transformers' Qwen3MoeSparseMoeBlock.
+    tokens = ["--moe-router-topk-scaling-factor", "2.5", "--moe-router-num-groups", "2", "--moe-router-group-topk", "2",
+              "--moe-shared-expert-intermediate-size", "768"]  # fmt: skip
+    report = check_architecture(tokens, _config("Qwen3-30B-A3B"))
+    assert report.mismatches == [
+        "--moe-router-topk-scaling-factor 2.5: config.json says 1.0",
+        "--moe-router-num-groups 2: config.json says 1",
+        "--moe-router-group-topk 2: config.json says 1",
+        "--moe-shared-expert-intermediate-size 768: config.json says 0",
+    ]
+    assert report.unchecked == []
+    neutral = ["--moe-router-topk-scaling-factor", "1", "--moe-router-num-groups", "1", "--moe-router-group-topk", "1",
+               "--moe-shared-expert-intermediate-size", "0"]  # fmt: skip
+    assert check_architecture(neutral, _config("Qwen3-30B-A3B")).checked == neutral[::2]
+    # A family this module does not know stays unchecked.
+    assert check_architecture(tokens[:2], {"model_type": "some_moe", "num_experts": 8}).unchecked == tokens[:1]
+
+
 @pytest.mark.parametrize("dense", ["Qwen3-4B", "Qwen3-32B", "GLM-Z1-9B-0414"])
 def test_moe_flags_on_a_dense_model_are_mismatches(dense):
     # Were "not checked" (config.json has no expert keys to compare with); a known dense family has no experts.

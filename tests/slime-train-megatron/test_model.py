@@ -17,7 +17,7 @@ def _build(hf_dir):
     from slime_train_megatron.model import build_gpt_model, build_transformer_config, load_hf_weights
 
     model_args = ModelArgs.from_hf_dir(hf_dir)
-    # allgather dispatcher: alltoall creates CUDA streams.
+    # allgather named: what the CPU model runs for alltoall too (`model.moe_token_dispatcher`; test_moe_cpu.py).
     settings = MegatronSettings(fp32=True, transformer_impl="local", moe_token_dispatcher_type="allgather")
     model = build_gpt_model(model_args, settings, build_transformer_config(model_args, settings, cpu=True)).eval()
     load_hf_weights(model, str(hf_dir), model_args, settings)

@@ -57,6 +57,7 @@ from slime_train_megatron.optimizer_state import reset_adam_moments
 from slime_train_megatron.output_head import emit_hidden_states, hidden_log_probs
 from slime_train_megatron.packing import cp_zigzag_indices
 from slime_train_megatron.pipeline import MicroBatch, PipelineRunner
+from slime_train_megatron.router_metrics import reset_router_losses, router_loss_metrics
 from slime_train_megatron.settings import HeadKind, MegatronSettings, head_kind
 from slime_train_megatron.trainer_parts import (
     Residency,
@@ -306,15 +307,20 @@ class MegatronTrainBackend:
         """The shared RL step on `batch` (`slime_core.train_step.train_on_rollout`; collective).
 
         Returns:
-            `train/*` metric means over steps (global-batch normalized), `train/grad_norm`, `train/lr`; the
-            per-step values are kept in `self.step_metrics`.
+            `train/*` metric means over steps (global-batch normalized), `train/grad_norm`, `train/lr`, and for MoE
+            models megatron-core's router losses (`train/load_balancing_loss`, `train/z_loss`, ...:
+            `router_metrics`); the per-step values are kept in `self.step_metrics`.
 
         Raises:
             RuntimeError: called while asleep.
             ValueError: `--use-rollout-logprobs` without rollout log-probs, or missing step counts.
         """
         self.residency.require_awake("train")
+        self.runner.train_micro_batches = 0
+        reset_router_losses()
         metrics, self.step_metrics = train_on_rollout(self.cfg, self, rollout_id, batch)
+        if self.model_args.is_moe:  # megatron-core's router losses (`router_metrics`), when a coefficient is on
+            metrics.update(router_loss_metrics(self.model_args.num_layers, self.runner.train_micro_batches))
         return metrics
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:

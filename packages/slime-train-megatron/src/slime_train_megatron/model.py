@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "use_transformer_engine",
     "build_gpt_model",
+    "moe_grouped_gemm",
+    "moe_token_dispatcher",
     "compile_decoder_layers",
     "build_transformer_config",
     "global_param_names",
@@ -109,13 +111,62 @@ def build_transformer_config(
         recompute_granularity=settings.recompute_granularity,
         recompute_method=settings.recompute_method,
         recompute_num_layers=settings.recompute_num_layers,
-        moe_token_dispatcher_type=settings.moe_token_dispatcher_type,
-        moe_grouped_gemm=settings.moe_grouped_gemm,
+        moe_token_dispatcher_type=moe_token_dispatcher(settings, model_args, cpu=cpu),
+        moe_grouped_gemm=moe_grouped_gemm(settings, model_args),
         # As the original's default: megatron-core averages over micro-batches and DP×CP ranks, and so scales the MoE
         # router's aux/z losses (with True it sums them over micro-batches and ranks, times each one's token count).
         # `PipelineRunner.run` undoes the averaging of the main loss, which the backends normalize themselves.
         calculate_per_token_loss=False,
     )
+
+
+def moe_token_dispatcher(settings: MegatronSettings, model_args: ModelArgs, *, cpu: bool) -> str:
+    """The token dispatcher megatron-core runs: `--moe-token-dispatcher-type`, except where it cannot run here.
+
+    On CPU `alltoall` (slime's and the original scripts' choice) becomes `allgather`, logged: megatron-core 0.16's
+    `MoEAlltoAllTokenDispatcher` creates a CUDA stream when it is built, and both dispatchers route and combine the same
+    tokens with the same weights (they differ in which collectives move them). `flex` is megatron-core's DeepEP
+    dispatcher: without the `deep_ep` package megatron-core raises while building the first MoE layer.
+
+    Args:
+        settings: the Megatron flags.
+        model_args: the architecture (dense models keep the flag: they build no dispatcher).
+        cpu: whether the model is built for CPU (`build_transformer_config`'s `cpu`).
+
+    Raises:
+        ValueError: `flex` where `deep_ep` is not importable.
+    """
+    kind = settings.moe_token_dispatcher_type
+    if not model_args.is_moe:
+        return kind
+    if kind == "flex":
+        from megatron.core.transformer.moe import fused_a2a
+
+        if fused_a2a.fused_dispatch is None:
+            raise ValueError(
+                "--moe-token-dispatcher-type flex needs DeepEP (the deep_ep package is not importable here); "
+                "use alltoall"
+            )
+    if kind == "alltoall" and cpu:
+        logger.info("--moe-token-dispatcher-type alltoall needs CUDA streams; the CPU model dispatches by allgather")
+        return "allgather"
+    return kind
+
+
+def moe_grouped_gemm(settings: MegatronSettings, model_args: ModelArgs) -> bool:
+    """`--moe-grouped-gemm` as the layer spec can run it: Transformer Engine's grouped experts, else off (logged).
+
+    The local spec's grouped experts are megatron-core's legacy `GroupedMLP`, which needs the CUDA-only
+    `grouped_gemm` package and keeps every expert in one `weight1`/`weight2` tensor that the HF name tables do not
+    map; the per-expert `SequentialMLP` computes the same products one expert at a time (the original's Qwen3-MoE
+    scripts pass the flag; without Transformer Engine megatron-core asserted while building the first MoE layer).
+    """
+    if not (settings.moe_grouped_gemm and model_args.is_moe):
+        return False
+    if use_transformer_engine(settings):
+        return True
+    logger.warning("--moe-grouped-gemm needs Transformer Engine (local layer spec here); experts run one by one")
+    return False
 
 
 def _optional_kwargs(model_args: ModelArgs, settings: MegatronSettings) -> dict[str, object]:
@@ -178,13 +229,13 @@ def build_gpt_model(
 
         spec = get_gpt_layer_with_transformer_engine_spec(
             num_experts=model_args.num_experts,
-            moe_grouped_gemm=settings.moe_grouped_gemm,
+            moe_grouped_gemm=config.moe_grouped_gemm,
             qk_layernorm=model_args.qk_layernorm,
         )
     else:
         spec = get_gpt_layer_local_spec(
             num_experts=model_args.num_experts,
-            moe_grouped_gemm=settings.moe_grouped_gemm,
+            moe_grouped_gemm=config.moe_grouped_gemm,
             qk_layernorm=model_args.qk_layernorm,
             normalization="RMSNorm",
         )

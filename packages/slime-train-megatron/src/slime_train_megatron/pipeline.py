@@ -97,6 +97,8 @@ class PipelineRunner:
     def __init__(self, model: Any, module: Any, settings: MegatronSettings, attention: AttentionKind) -> None:
         """Keeps references; builds nothing."""
         self.model, self.module, self.settings, self.attention = model, module, settings, attention
+        #: Training forwards run (micro-batches of `run(forward_only=False)`), which the router-loss metrics average.
+        self.train_micro_batches = 0
 
     @property
     def device(self) -> torch.device:
@@ -190,6 +192,8 @@ class PipelineRunner:
         mbs = self.micro_batches(batch, step)
         it = iter(mbs)
         results: list[Any] = []
+        if not forward_only:
+            self.train_micro_batches += len(mbs)
         # megatron-core divides each micro-batch loss by the micro-batch count and DDP averages gradients over DP×CP
         # (`calculate_per_token_loss=False`, as the original runs): undone here, so that the caller's losses add up.
         undo_mean = len(mbs) * parallel_state.get_data_parallel_world_size(with_context_parallel=True)

@@ -143,7 +143,52 @@ class MegatronSettings(BaseModel):
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             logger.warning("--sequence-parallel has no effect with --tensor-model-parallel-size 1; disabled")
             self.sequence_parallel = False
+        self._check_moe()
         return self
+
+    def _check_moe(self) -> None:
+        """MoE flags megatron-core would refuse only while it builds or runs the model, or that part trainer and engine.
+
+        Raises:
+            ValueError: naming the flag, for what megatron-core 0.16 asserts in its router, dispatcher or config
+                (Sinkhorn with a router loss, the flex dispatcher over one expert rank, DeepEP without flex, padding
+                to a capacity that is not set), and for Sinkhorn routing, which trains on other experts than the
+                engine samples from.
+        """
+        if self.moe_router_load_balancing_type == "sinkhorn":
+            # megatron-core's router (`TopKRouter.sinkhorn_load_balancing`): in training it picks the top-k of the
+            # Sinkhorn-balanced scores, and it weights the experts by the un-renormalized softmax in both modes,
+            # whatever config.json's norm_topk_prob says; the engine routes by HF's softmax top-k. It also asserts
+            # a zero aux-loss coefficient in the first forward (config.json's router_aux_loss_coef is not zero).
+            raise ValueError(
+                "--moe-router-load-balancing-type sinkhorn is not supported: megatron-core's Sinkhorn routing trains "
+                "on other experts than the rollout engine's softmax top-k routes to; use aux_loss, seq_aux_loss or none"
+            )
+        if (
+            self.moe_token_dispatcher_type == "flex"
+            and self.expert_model_parallel_size * self.expert_tensor_parallel_size == 1
+        ):
+            raise ValueError(
+                "--moe-token-dispatcher-type flex needs --expert-model-parallel-size > 1 (megatron-core's flex "
+                "dispatcher exchanges tokens between expert ranks); use alltoall"
+            )
+        if self.moe_enable_deepep and self.moe_token_dispatcher_type != "flex":
+            raise ValueError(
+                f"--moe-enable-deepep needs --moe-token-dispatcher-type flex (got {self.moe_token_dispatcher_type})"
+            )
+        if self.moe_pad_expert_input_to_capacity and self.moe_expert_capacity_factor is None:
+            raise ValueError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor")
+        if self.moe_token_drop_policy != "probs" and self.moe_expert_capacity_factor is None:
+            logger.warning(
+                "--moe-token-drop-policy %s has no effect without --moe-expert-capacity-factor (no token is dropped)",
+                self.moe_token_drop_policy,
+            )
+        if self.moe_expert_capacity_factor is not None:
+            logger.warning(
+                "--moe-expert-capacity-factor %g: the trainer drops the tokens over an expert's capacity, the rollout "
+                "engine drops none; their log-probs differ on those tokens",
+                self.moe_expert_capacity_factor,
+            )
 
     @classmethod
     def from_config(cls, cfg: SlimeArgs) -> MegatronSettings:
@@ -173,6 +218,8 @@ class MegatronSettings(BaseModel):
             return cls(**values)
         except ValidationError as e:
             first = e.errors()[0]
+            if first["type"] == "value_error" and not first["loc"]:  # `_check`'s own message names the flags
+                raise ValueError(f"invalid Megatron settings: {first['ctx']['error']}") from e
             where = f"--{str(first['loc'][0]).replace('_', '-')} {first['input']}: " if first["loc"] else ""
             raise ValueError(f"invalid Megatron settings: {where}{first['msg']}") from e
 

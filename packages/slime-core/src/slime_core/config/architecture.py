@@ -36,6 +36,9 @@ _DEEPSEEK = {"deepseek_v2", "deepseek_v3", "kimi_k2", "glm_moe_dsa"}
 _RMSNORM = _QWEN3 | _DEEPSEEK | {"qwen2", "qwen2_moe", "llama", "mistral", "glm4", "glm4_moe", "mimo", "minimax_m2"}
 _GATED_ATTENTION = {"qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"}
 _SHARED_EXPERT_GATE = {"qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"}
+# MoE families whose HF block is a plain softmax top-k router over routed experts only: no shared expert, no
+# routed-weight scaling, no expert groups (transformers' Qwen3MoeSparseMoeBlock), so config.json has none of those keys.
+_PLAIN_TOPK_MOE = {"qwen3_moe"}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -174,12 +177,21 @@ def _moe_layer_pattern(cfg: dict[str, Any]) -> Any:
     return [0 if i in dense or (i + 1) % step else 1 for i in range(int(layers))]
 
 
+def _plain_topk(cfg: dict[str, Any], value: Any) -> Any:
+    """`value` (Megatron's setting that changes nothing) for a plain top-k MoE family, else unknown.
+
+    Without it a Qwen3-MoE run took `--moe-router-topk-scaling-factor 2.5`, `--moe-router-num-groups 2` or
+    `--moe-shared-expert-intermediate-size 64` as "not checked" and built the model from config.json without them.
+    """
+    return value if cfg.get("model_type") in _PLAIN_TOPK_MOE else _UNKNOWN
+
+
 def _shared_expert_size(cfg: dict[str, Any]) -> Any:
     if cfg.get("shared_expert_intermediate_size") is not None:
         return cfg["shared_expert_intermediate_size"]
     if cfg.get("n_shared_experts") is not None and cfg.get("moe_intermediate_size") is not None:
         return int(cfg["n_shared_experts"]) * int(cfg["moe_intermediate_size"])
-    return _UNKNOWN
+    return _plain_topk(cfg, 0)
 
 
 def _pre_softmax(cfg: dict[str, Any]) -> Any:
@@ -273,9 +285,9 @@ _EXPECT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "--moe-router-enable-expert-bias": lambda c: (c.get("topk_method") == "noaux_tc"
                                                   or c.get("model_type") in ("glm4_moe", "glm_moe_dsa"))
     if _num_experts(c) is not _UNKNOWN else _UNKNOWN,
-    "--moe-router-topk-scaling-factor": lambda c: _get(c, "routed_scaling_factor"),
-    "--moe-router-num-groups": lambda c: _get(c, "n_group"),
-    "--moe-router-group-topk": lambda c: _get(c, "topk_group"),
+    "--moe-router-topk-scaling-factor": lambda c: _get(c, "routed_scaling_factor", default=_plain_topk(c, 1.0)),
+    "--moe-router-num-groups": lambda c: _get(c, "n_group", default=_plain_topk(c, 1)),
+    "--moe-router-group-topk": lambda c: _get(c, "topk_group", default=_plain_topk(c, 1)),
     "--moe-layer-freq": _moe_layer_pattern,
     "--spec": _spec,
     "--mtp-num-layers": lambda c: _get(c, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=0),
