@@ -435,3 +435,17 @@ def test_a_train_only_run_skips_its_evals_as_the_original(monkeypatch, caplog):
     assert [e for e in events if e[0] == "train"] == [("train", 0), ("train", 1), ("train", 2)]
     said = "--eval-interval with --debug-train-only (or --load-debug-rollout-data): no engines run, so no eval runs"
     assert said in caplog.text
+
+
+@pytest.mark.parametrize("fields", [{}, {"async_train": True}, {"colocate": True}])
+def test_a_train_only_run_pushes_no_weights_as_the_original(monkeypatch, fields):
+    # Reproducer: the original's SFT recipe (--debug-train-only, no engine) walked the trainer's whole weight gather
+    # after every step (perf/update_weights_time and update_weights_gb_per_s logged for a push to no engine); the
+    # original's update_weights returns at once with --debug-train-only.
+    events, logged = _run(monkeypatch, debug_train_only=True, **fields)
+    assert [e for e in events if e[0] == "train"] == [("train", 0), ("train", 1), ("train", 2)]
+    assert [e for e in events if e[0] == "update_weights"] == []
+    assert not [k for m in logged.values() if isinstance(m, dict) for k in m if k.startswith("perf/update_weights")]
+    if fields.get("colocate"):  # the trainer still sleeps between its steps and wakes for the next
+        assert [e[0] for e in events if e[0].startswith("trainer.")][:3] == ["trainer.wake_up", "trainer.sleep",
+                                                                          "trainer.wake_up"]  # fmt: skip

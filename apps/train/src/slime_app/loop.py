@@ -512,8 +512,12 @@ class Run:
         if self.swap_engines:
             onload = functools.partial(self.manager_get, what="the engines' weights onload")
             _timed(swap, "perf/engine_resume_weights_time", lambda: onload(self.manager.onload.remote(["weights"])))
-        with weight_write_errors(self.cfg, weight_version):  # a full disk under a disk push: one line, exit 5
-            metrics = self._prefix("perf", self.restorer.push(weight_version))
+        metrics: dict[str, float] = {}
+        # No engine runs with --debug-train-only (the SFT recipe, a replay): as the original's update_weights, nothing
+        # is pushed (the push gathered every weight across the ranks for no reader); a colocated trainer still sleeps.
+        if not self.cfg.debug_train_only:
+            with weight_write_errors(self.cfg, weight_version):  # a full disk under a disk push: one line, exit 5
+                metrics = self._prefix("perf", self.restorer.push(weight_version))
         if self.swap_trainer:
             _timed(swap, "perf/sleep_time", self.trainer.sleep)
             self.restorer.trainer_awake = False
