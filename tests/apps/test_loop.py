@@ -3,6 +3,7 @@
 Ray and the actors are replaced by fakes that record the calls in order (no processes are started).
 """
 
+import contextlib
 import time
 import types
 
@@ -281,6 +282,28 @@ def test_build_starts_the_compile_warm_up_before_init_and_never_while_colocated_
     run.cfg, run.placement, run.tracker = cfg, None, Tracker()
     assert run.build() == 0
     assert [e[0] for e in events] == expected
+
+
+@pytest.mark.parametrize(
+    ("fields", "detail"),
+    [({}, "--rollout-engine reference"), ({"debug_train_only": True}, "none: --debug-train-only")],
+)
+def test_the_engines_phase_says_when_no_engine_starts(monkeypatch, fields, detail):
+    # Reproducer: the original's SFT recipe (--debug-train-only) showed "engines (--rollout-engine reference):
+    # started ... done in 19.5 s", though no engine starts.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "rollout_engine": "reference", **fields})
+    events, phases = [], []
+
+    class Progress:
+        def phase(self, name, rollout_id, detail):
+            phases.append((name, detail))
+            return contextlib.nullcontext()
+
+    unbuilt_run(monkeypatch, events, lambda: BuildTrainer(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.placement, run.tracker, run.progress = cfg, None, Tracker(), Progress()
+    run.build()
+    assert phases[0] == ("engines", detail)
 
 
 class _HungSaveRay:

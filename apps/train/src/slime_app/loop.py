@@ -184,7 +184,9 @@ class Run:
         cfg = self.cfg
         self.manager = RolloutManager.options(num_cpus=0).remote(cfg, self.placement)
         self.manager_watched = Watched("the rollout manager", self.manager)
-        with self._phase("engines", detail=f"--rollout-engine {cfg.rollout_engine}"):
+        # --debug-train-only (the SFT recipe, a replay) starts none: the phase then only builds the data source.
+        engines = "none: --debug-train-only" if cfg.debug_train_only else f"--rollout-engine {cfg.rollout_engine}"
+        with self._phase("engines", detail=engines):
             engines_up = self.manager.start.remote()
             if not cfg.debug_rollout_only:
                 # The trainer ranks' processes start and import their backend while the engines come up; no
