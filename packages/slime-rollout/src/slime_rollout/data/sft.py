@@ -126,7 +126,13 @@ class ChatLossMask:
             raise ValueError(f"--loss-mask-type {self.tokenizer_type}: the chat template's text does not re-tokenize "
                              "to its own token ids; use a fast tokenizer of the same model")  # fmt: skip
         marked = self._marked_characters(text, messages)
-        # prefix[i] = marked characters before position i; a token is trained on if its span holds one.
+        if self.tokenizer_type == "qwen":
+            # A token is trained on if it starts in a turn's body: the original cuts the header's tokens from each
+            # assistant message, so a token that also holds the header's newline (a reply opening with "\n" merges
+            # into "\n\n") is not trained.
+            return ids, [1 if end > start and marked[start] else 0 for start, end in offsets]
+        # qwen3_5, as the original's: a token is trained on if its span holds a marked character
+        # (prefix[i] = marked characters before position i).
         prefix = [0]
         for flag in marked:
             prefix.append(prefix[-1] + flag)
