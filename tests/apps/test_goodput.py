@@ -64,6 +64,19 @@ def test_disaggregated_device_share_weights_trainer_devices():
     assert out["goodput/train_device_share"] == pytest.approx(4.0 / 40.0)
 
 
+@pytest.mark.parametrize(
+    "fields", [{"debug_train_only": True}, {"load_debug_rollout_data": "/tmp/dump_{rollout_id}.pt"}]
+)
+def test_a_run_without_engines_counts_only_the_trainer_devices(fields):
+    # Reproducer: the original's SFT recipe (--debug-train-only, no engine starts) reported "1 trainer + 1 engine
+    # device(s)" and half its training share of device time (goodput/train_device_share 0.2 for 4 s of a 10 s step).
+    meter = _meter(actor_num_gpus_per_node=1, rollout_num_gpus=3, **fields)
+    out = meter.update(_rollout())
+    assert out["goodput/train_device_share"] == pytest.approx(4.0 / 10.0)
+    assert out["goodput/cum/trained_tokens_per_device_hour"] == pytest.approx(30 / (10 / 3600))
+    assert "1 trainer + 0 engine device(s)" in meter.summary()
+
+
 def test_summary_and_json(tmp_path):
     meter = _meter(colocate=True)
     meter.update(_rollout())

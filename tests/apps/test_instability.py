@@ -269,3 +269,26 @@ def test_equal_rewards_in_groups_warn_only_where_they_zero_the_advantage():
     assert plain == []
     grpo = _stream(InstabilityMonitor(_cfg()), 6, r5=all_groups)
     assert [(f.rule, f.rollout_id) for f in grpo] == [("zero_advantage_groups", 5)]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"loss_type": "sft_loss"},
+        {"loss_type": "sft_loss", "disable_compute_advantages_and_returns": True, "calculate_per_token_loss": True},
+        {
+            "loss_type": "custom_loss",
+            "custom_loss_function_path": "m.f",
+            "disable_compute_advantages_and_returns": True,
+        },
+    ],
+)
+def test_equal_rewards_do_not_warn_where_the_loss_reads_no_advantage(fields):
+    # Reproducer: the original's SFT recipe (slime.rollout.sft_rollout, reward 0 in every group of one, GRPO the
+    # default estimator) warned "INSTABILITY at rollout 0: zero_advantage_groups ... 2 of 2 groups (100.0%)" on every
+    # run, though sft_loss (and a loss given no advantages) never reads one.
+    all_groups = {"rollout/zero_std/count_0.0": 8.0}  # 8 of 8 groups
+    assert _stream(InstabilityMonitor(_cfg(rollout_max_response_len=None, **fields)), 6, r0=all_groups) == []
+    # The same stream under the policy loss still warns.
+    found = _stream(InstabilityMonitor(_cfg(rollout_max_response_len=None)), 6, r0=all_groups)
+    assert [(f.rule, f.rollout_id) for f in found] == [("zero_advantage_groups", 0)]

@@ -3,6 +3,7 @@
 Ray and the actors are replaced by fakes that record the calls in order (no processes are started).
 """
 
+import contextlib
 import time
 import types
 
@@ -283,6 +284,28 @@ def test_build_starts_the_compile_warm_up_before_init_and_never_while_colocated_
     assert [e[0] for e in events] == expected
 
 
+@pytest.mark.parametrize(
+    ("fields", "detail"),
+    [({}, "--rollout-engine reference"), ({"debug_train_only": True}, "none: --debug-train-only")],
+)
+def test_the_engines_phase_says_when_no_engine_starts(monkeypatch, fields, detail):
+    # Reproducer: the original's SFT recipe (--debug-train-only) showed "engines (--rollout-engine reference):
+    # started ... done in 19.5 s", though no engine starts.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "rollout_engine": "reference", **fields})
+    events, phases = [], []
+
+    class Progress:
+        def phase(self, name, rollout_id, detail):
+            phases.append((name, detail))
+            return contextlib.nullcontext()
+
+    unbuilt_run(monkeypatch, events, lambda: BuildTrainer(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.placement, run.tracker, run.progress = cfg, None, Tracker(), Progress()
+    run.build()
+    assert phases[0] == ("engines", detail)
+
+
 class _HungSaveRay:
     """`ray.get` over fake refs: a manager save never answers (past `timeout`, Ray's GetTimeoutError)."""
 
@@ -435,3 +458,17 @@ def test_a_train_only_run_skips_its_evals_as_the_original(monkeypatch, caplog):
     assert [e for e in events if e[0] == "train"] == [("train", 0), ("train", 1), ("train", 2)]
     said = "--eval-interval with --debug-train-only (or --load-debug-rollout-data): no engines run, so no eval runs"
     assert said in caplog.text
+
+
+@pytest.mark.parametrize("fields", [{}, {"async_train": True}, {"colocate": True}])
+def test_a_train_only_run_pushes_no_weights_as_the_original(monkeypatch, fields):
+    # Reproducer: the original's SFT recipe (--debug-train-only, no engine) walked the trainer's whole weight gather
+    # after every step (perf/update_weights_time and update_weights_gb_per_s logged for a push to no engine); the
+    # original's update_weights returns at once with --debug-train-only.
+    events, logged = _run(monkeypatch, debug_train_only=True, **fields)
+    assert [e for e in events if e[0] == "train"] == [("train", 0), ("train", 1), ("train", 2)]
+    assert [e for e in events if e[0] == "update_weights"] == []
+    assert not [k for m in logged.values() if isinstance(m, dict) for k in m if k.startswith("perf/update_weights")]
+    if fields.get("colocate"):  # the trainer still sleeps between its steps and wakes for the next
+        assert [e[0] for e in events if e[0].startswith("trainer.")][:3] == ["trainer.wake_up", "trainer.sleep",
+                                                                          "trainer.wake_up"]  # fmt: skip

@@ -42,6 +42,19 @@ def test_qwen_masks_exactly_the_assistant_turns(tokenizer):
     assert builder.get_text_from_loss_mask(qwen3_ids, qwen3_mask)[0] == "<think>\n\n</think>\n\nHello!<|im_end|>\n"
 
 
+def test_qwen_leaves_out_a_token_that_holds_the_headers_newline(tokenizer):
+    # Reproducer: a reply opening with a newline ("\nA\n") merges with the header's into one "\n\n" token, which was
+    # trained ("\n\nA\n<|im_end|>\n"); the original's qwen type cuts the header's tokens from each assistant message
+    # (its gen_token_length, 3: "<|im_start|>", "assistant", "\n\n") and trains "A\n<|im_end|>\n". qwen3_5 trains a
+    # token holding any body character, as the original's qwen3_5 does.
+    conversation = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "\nA\n"}, *CONVERSATION[3:5]]
+    builder = ChatLossMask(tokenizer, "qwen")
+    ids, mask = builder.get_loss_mask(conversation)
+    assert builder.get_text_from_loss_mask(ids, mask)[0] == "A\n<|im_end|>\n"
+    ids, mask = ChatLossMask(tokenizer, "qwen3_5").get_loss_mask(conversation)
+    assert builder.get_text_from_loss_mask(ids, mask)[0] == "\n\nA\n<|im_end|>\n"
+
+
 def test_qwen3_5_leaves_the_think_line_out_and_step_loss_mask_drops_a_turn(tokenizer):
     ids, mask = ChatLossMask(tokenizer, "qwen3_5").get_loss_mask(CONVERSATION)
     assert ChatLossMask(tokenizer).get_text_from_loss_mask(ids, mask) == [

@@ -93,6 +93,43 @@ def test_tools_tool_runs_step_loss_mask_and_turns_without_reasoning_match_the_or
     assert text.endswith("<|im_start|>assistant\n<think>\nbye\n</think>\n\nbye<|im_end|>\n")  # kept, not trained
 
 
+@pytest.fixture(scope="module")
+def thinking_tokenizer(qwen3_tokenizer_dir):
+    """The Qwen3 tokenizer with a thinking-only template (as Qwen3-*-Thinking-2507's): its generation prompt opens
+    the reasoning, `<|im_start|>assistant\\n<think>\\n`; the turns render as the fixture's."""
+    import copy
+
+    tokenizer = copy.copy(get_tokenizer(str(qwen3_tokenizer_dir)))
+    hybrid = "{{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking is defined and enable_thinking is false %}"
+    assert tokenizer.chat_template.count(hybrid) == 1
+    tokenizer.chat_template = tokenizer.chat_template.replace(
+        hybrid, "{{- '<|im_start|>assistant\\n<think>\\n' }}\n    {%- if false %}"
+    )
+    return tokenizer
+
+
+def test_a_thinking_only_template_trains_each_turn_after_its_generation_prompt(thinking_tokenizer):
+    # Reproducer: with a template whose generation prompt ends in `<think>\n` (the model is given it and never
+    # writes it), each turn was trained from `<think>\n` on; the original cuts the generation prompt's tokens
+    # (`gen_token_length`, 5 here), so the empty block's `\n\n` token, which holds the prompt's last newline, is
+    # cut too.
+    builder = ChatLossMask(thinking_tokenizer, "qwen3")
+    prompted = thinking_tokenizer.apply_chat_template(AGENT_TURNS[:2], tokenize=False, add_generation_prompt=True)
+    assert prompted.endswith("<|im_start|>assistant\n<think>\n")
+    ids, mask = builder.get_loss_mask(TWO_THINKING_TURNS)
+    assert builder.get_text_from_loss_mask(ids, mask) == [
+        "R1\n</think>\n\nA1<|im_end|>\n",
+        "R2\n</think>\n\nA2<|im_end|>\n",
+    ]
+    assert (ids, mask) == _original_qwen3(thinking_tokenizer, TWO_THINKING_TURNS)
+    ids, mask = builder.get_loss_mask(AGENT_TURNS, tools=TOOLS)
+    assert (ids, mask) == _original_qwen3(thinking_tokenizer, AGENT_TURNS, tools=TOOLS)
+    assert builder.get_text_from_loss_mask(ids, mask) == [
+        "use the tool\n</think>\n\ncalling<|im_end|>\n",
+        "</think>\n\nno thinking here<|im_end|>\n",
+    ]
+
+
 def test_a_template_that_is_not_qwen3s_is_one_error(tokenizer):
     import copy
 

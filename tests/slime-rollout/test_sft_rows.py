@@ -87,6 +87,26 @@ def test_apply_chat_template_and_a_tokenizer_without_a_template_are_refused_with
     assert error.startswith(f"--loss-mask-type qwen (SFT): the tokenizer of --hf-checkpoint {bare} has no chat")
 
 
+def test_images_with_the_sft_rollout_are_one_error_that_says_to_drop_them(tmp_path, qwen3_tokenizer_dir):
+    # Reproducer: --multimodal-keys alone was refused as "needs --apply-chat-template"; with it, the run was refused
+    # as "--apply-chat-template with ... the SFT rollout ...: drop the flag": each error sent the user to the other.
+    from slime_core.config.base import ConfigError
+
+    rows = [{"messages": GOOD, "images": ["x.png"]}] * 2
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match=r"the SFT rollout, slime.rollout.sft_rollout, takes no images: drop the"):
+        _cfg(data, qwen3_tokenizer_dir, "--multimodal-keys", '{"image": "images"}')
+    errors = _errors(
+        _cfg(data, qwen3_tokenizer_dir, "--multimodal-keys", '{"image": "images"}', "--apply-chat-template")
+    )
+    sft = [e for e in errors if "the SFT rollout" in e]
+    assert sft == [
+        "--multimodal-keys with --rollout-function-path slime.rollout.sft_rollout.generate_rollout: the SFT rollout "
+        "trains text conversations only (no image reaches the model); drop --multimodal-keys and --apply-chat-template"
+    ]
+
+
 def test_template_kwargs_without_apply_chat_template_are_a_note(tmp_path, qwen3_tokenizer_dir):
     # Reproducer: the kwargs were read only with --apply-chat-template, without a word otherwise.
     data = _write(tmp_path / "sft.jsonl", GOOD)

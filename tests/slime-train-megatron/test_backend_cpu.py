@@ -219,6 +219,28 @@ def test_sft_and_custom_loss_types(cpu_backend_env, tiny_hf, monkeypatch):
     assert _custom_loss.seen and all(adv_none and ent_grad for adv_none, ent_grad in _custom_loss.seen)
 
 
+def test_sft_loss_per_token_is_the_steps_token_mean_over_its_micro_batches(cpu_backend_env, tiny_hf):
+    """--loss-type sft_loss --calculate-per-token-loss (the original's SFT recipe): step 0 (micro-batches [0, 1] and
+    [2], 5 trainable tokens) reports the NLL summed over the step's tokens over 5, as the original's `loss_function`
+    (the summed loss, `num_tokens` as Megatron's divisor), not a mean of per-micro-batch or per-sample means."""
+    _, hf_dir = tiny_hf("qwen3")
+    args = _config(
+        hf_checkpoint=str(hf_dir),
+        megatron_args=["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"],
+        rollout_temperature=1.0, kl_coef=0.0, use_kl_loss=False, entropy_coef=0.0, loss_type="sft_loss",
+        disable_compute_advantages_and_returns=True, calculate_per_token_loss=True,
+    )  # fmt: skip
+    backend = cpu_backend_env.MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    batch = _batch()
+    before = backend.compute_log_probs(batch)
+    backend.train(0, batch)
+    nll = [-float((lp * m).sum()) for lp, m in zip(before, batch.loss_masks, strict=True)]
+    assert backend.step_metrics[0]["train/loss"] == pytest.approx(sum(nll) / 5, abs=1e-5)
+    per_sample = (nll[0] / 2 + nll[1] / 2 + nll[2] / 2) / 3
+    assert abs(sum(nll) / 5 - per_sample) > 1e-3  # the batch tells the two normalizations apart
+
+
 def test_freeze_and_only_train_param_lists(cpu_backend_env, tiny_hf):
     """Matching megatron-core parameters stay bit-identical through a training rollout; the others move."""
     _, hf_dir = tiny_hf("qwen3")

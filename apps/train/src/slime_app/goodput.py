@@ -70,13 +70,17 @@ class GoodputMeter:
 
     Args:
         cfg: the run config: `colocate`, `actor_num_nodes` × `actor_num_gpus_per_node` (trainer devices),
-            `rollout_num_gpus` (engine devices; on CPU, one device per trainer rank and per engine).
+            `rollout_num_gpus` (engine devices; on CPU, one device per trainer rank and per engine; none with
+            `debug_train_only` or `load_debug_rollout_data`, which start no engine).
     """
 
     def __init__(self, cfg: SlimeArgs):
         self.colocate = cfg.colocate
         self.trainer_devices = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
-        self.engine_devices = max(cfg.rollout_num_gpus or 0, 1)
+        # No engine starts with --debug-train-only (the SFT recipe) or --load-debug-rollout-data: counting one halved
+        # the training share of a disaggregated run's device time.
+        no_engines = cfg.debug_train_only or cfg.load_debug_rollout_data is not None
+        self.engine_devices = 0 if no_engines else max(cfg.rollout_num_gpus or 0, 1)
         if self.colocate:
             self.total_devices = max(self.trainer_devices, self.engine_devices)
         else:

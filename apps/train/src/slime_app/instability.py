@@ -20,7 +20,8 @@ of the previous `--instability-window` values and ignore values under a small ab
 jumping to 1e-4 is noise, not a jump). A rule warns when it starts firing and again only after it cleared, so
 a lasting condition is one warning, not one per rollout. `--stop-on-instability` turns the first warning into
 a stop (`slime_app.guards.RunStopped`). `zero_advantage_groups` applies to group-wise estimators only (GRPO, RLOO,
-...), where equal rewards in a group zero its advantages.
+...), where equal rewards in a group zero its advantages, and not where the loss reads no advantage (`--loss-type
+sft_loss`, `--disable-compute-advantages-and-returns`).
 """
 
 from __future__ import annotations
@@ -275,6 +276,10 @@ class InstabilityMonitor:
         # RLOO, ...): REINFORCE++ without a baseline trains on them, and a group of one sample (counted, as the
         # original counts it) is normal there.
         if not limit or not counts or not get_estimator(self.cfg.advantage_estimator).group_wise:
+            return []
+        if self.cfg.loss_type == "sft_loss" or self.cfg.disable_compute_advantages_and_returns:
+            # No loss term reads an advantage (the SFT recipe's reward is 0 in every group of one): equal rewards
+            # leave nothing untrained.
             return []
         frac = sum(counts) / self.cfg.rollout_batch_size
         if frac <= limit:

@@ -184,7 +184,9 @@ class Run:
         cfg = self.cfg
         self.manager = RolloutManager.options(num_cpus=0).remote(cfg, self.placement)
         self.manager_watched = Watched("the rollout manager", self.manager)
-        with self._phase("engines", detail=f"--rollout-engine {cfg.rollout_engine}"):
+        # --debug-train-only (the SFT recipe, a replay) starts none: the phase then only builds the data source.
+        engines = "none: --debug-train-only" if cfg.debug_train_only else f"--rollout-engine {cfg.rollout_engine}"
+        with self._phase("engines", detail=engines):
             engines_up = self.manager.start.remote()
             if not cfg.debug_rollout_only:
                 # The trainer ranks' processes start and import their backend while the engines come up; no
@@ -512,8 +514,12 @@ class Run:
         if self.swap_engines:
             onload = functools.partial(self.manager_get, what="the engines' weights onload")
             _timed(swap, "perf/engine_resume_weights_time", lambda: onload(self.manager.onload.remote(["weights"])))
-        with weight_write_errors(self.cfg, weight_version):  # a full disk under a disk push: one line, exit 5
-            metrics = self._prefix("perf", self.restorer.push(weight_version))
+        metrics: dict[str, float] = {}
+        # No engine runs with --debug-train-only (the SFT recipe, a replay): as the original's update_weights, nothing
+        # is pushed (the push gathered every weight across the ranks for no reader); a colocated trainer still sleeps.
+        if not self.cfg.debug_train_only:
+            with weight_write_errors(self.cfg, weight_version):  # a full disk under a disk push: one line, exit 5
+                metrics = self._prefix("perf", self.restorer.push(weight_version))
         if self.swap_trainer:
             _timed(swap, "perf/sleep_time", self.trainer.sleep)
             self.restorer.trainer_awake = False

@@ -89,8 +89,10 @@ def check_multimodal_keys(keys: Any, *, flag: str, apply_chat_template: bool) ->
         if not isinstance(column, str) or not column:
             raise ConfigError(f"{flag}: {media!r} must name a dataset column, got {column!r}")
     if not apply_chat_template:
+        # The SFT rollout refuses the chat template flag (it renders the conversations itself) and takes no images.
+        sft = " (the SFT rollout, slime.rollout.sft_rollout, takes no images: drop the flag there)"
         raise ConfigError(
             f"{flag} needs --apply-chat-template: images enter the prompt where the processor's chat "
-            "template renders their <image> placeholders"
+            f"template renders their <image> placeholders{sft if flag == '--multimodal-keys' else ''}"
         )
     return keys

@@ -92,6 +92,14 @@ class ChatLossMask:
         self._anchor_text = (
             tokenizer.apply_chat_template(self._anchor, tokenize=False) if self.tokenizer_type == "qwen3" else ""
         )
+        # What the template's generation prompt writes after the anchor: `<|im_start|>assistant\n`, and with a
+        # thinking-only template (Qwen3-*-Thinking-2507) `<|im_start|>assistant\n<think>\n`. The model never
+        # generates it, so a turn is trained after it, as the original's `gen_token_length` cut does.
+        self._gen_prompt = _HEADER
+        if self.tokenizer_type == "qwen3":
+            prompted = tokenizer.apply_chat_template(self._anchor, tokenize=False, add_generation_prompt=True)
+            if prompted.startswith(self._anchor_text) and prompted[len(self._anchor_text) :].startswith(_HEADER):
+                self._gen_prompt = prompted[len(self._anchor_text) :]
 
     def get_response_lengths(self, loss_masks: Sequence[Sequence[int]]) -> list[int]:
         """See `response_lengths`."""
@@ -118,7 +126,13 @@ class ChatLossMask:
             raise ValueError(f"--loss-mask-type {self.tokenizer_type}: the chat template's text does not re-tokenize "
                              "to its own token ids; use a fast tokenizer of the same model")  # fmt: skip
         marked = self._marked_characters(text, messages)
-        # prefix[i] = marked characters before position i; a token is trained on if its span holds one.
+        if self.tokenizer_type == "qwen":
+            # A token is trained on if it starts in a turn's body: the original cuts the header's tokens from each
+            # assistant message, so a token that also holds the header's newline (a reply opening with "\n" merges
+            # into "\n\n") is not trained.
+            return ids, [1 if end > start and marked[start] else 0 for start, end in offsets]
+        # qwen3_5, as the original's: a token is trained on if its span holds a marked character
+        # (prefix[i] = marked characters before position i).
         prefix = [0]
         for flag in marked:
             prefix.append(prefix[-1] + flag)
@@ -126,10 +140,12 @@ class ChatLossMask:
         return ids, mask
 
     def _turn_by_turn(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> tuple[list[int], list[int]]:
-        """`qwen3`: each turn rendered after (the first: before) a fixed user message that is then cut off.
+        r"""`qwen3`: each turn rendered after (the first: before) a fixed user message that is then cut off.
 
         The original's `gen_multi_turn_loss_mask_qwen3`, on text: a run of tool messages is one turn (Qwen's
-        templates wrap them in one user turn); an assistant turn is trained on after its header.
+        templates wrap them in one user turn); an assistant turn is trained on after the template's generation
+        prompt (its header, plus `<think>\n` with a thinking-only template), or after its header where it does not
+        start with that prompt (the original cut the prompt's token count from it anyway).
         """
         anchor, anchor_text = self._anchor, self._anchor_text
         ids: list[int] = []
@@ -156,10 +172,13 @@ class ChatLossMask:
             if trained and cut[body - len(_HEADER) : body] != _HEADER:
                 raise ValueError(f"--loss-mask-type qwen3: message {i} (assistant) does not render as "
                                  f"'{_HEADER!r}...'; the chat template is not ChatML")  # fmt: skip
+            if trained and cut.startswith(self._gen_prompt, body - len(_HEADER)):
+                body += len(self._gen_prompt) - len(_HEADER)
             encoded = self.tokenizer(cut, add_special_tokens=False, return_offsets_mapping=True)
             ids += encoded["input_ids"]
-            # A token is trained on when its span ends past the header (the original: all but the header's tokens).
-            mask += [int(trained and stop > body) for _, stop in encoded["offset_mapping"]]
+            # A token is trained on when it starts at or after the generation prompt (the original: all but the
+            # prompt's tokens; a token spanning its end, such as `<think>\n`'s newline merged with the next, is not).
+            mask += [int(trained and start >= body) for start, _ in encoded["offset_mapping"]]
             i = end
         return ids, mask
 

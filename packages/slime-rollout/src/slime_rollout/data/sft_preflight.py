@@ -62,7 +62,18 @@ def sft_problems(cfg: SlimeArgs) -> list[Problem]:
                 )
             )
     found += _unread_hooks(cfg, evaluator=None if found else eval_function(cfg))
-    if cfg.apply_chat_template:
+    if cfg.multimodal_keys:
+        # The SFT rollout tokenizes text conversations and sends no image to the trainer. The original's (its VLM
+        # data processing reverted) stopped in a text model's chat template at the first rollout (Qwen3's: "'list
+        # object' has no attribute 'startswith'") or trained a VL model on image placeholders without the picture.
+        found.append(
+            Problem(
+                message=f"--multimodal-keys with --rollout-function-path {cfg.rollout_function_path}: the SFT rollout "
+                "trains text conversations only (no image reaches the model); drop --multimodal-keys and "
+                "--apply-chat-template"
+            )
+        )
+    elif cfg.apply_chat_template:
         # The SFT rollout renders the conversation itself (and masks it by turn): a prompt the data source rendered
         # into text failed at the first rollout ("SFT needs a non-empty list of chat messages").
         found.append(
