@@ -69,9 +69,9 @@ def _add_field(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: 
     if not field.is_required() and field.default not in (None, False, [], {}):
         help_text += f" (default: {field.default})".replace("%", "%%")
     if extra.get("registry"):
-        from slime_core.extensions import registry_for_group
+        from slime_core.extensions import registered_names
 
-        names = ", ".join(registry_for_group(extra["registry"]).names())
+        names = ", ".join(registered_names(extra["registry"]))
         help_text += f" Registered: {names} (entry-point group {extra['registry']})."
     annotation = _unwrap_optional(field.annotation)
     origin = typing.get_origin(annotation)

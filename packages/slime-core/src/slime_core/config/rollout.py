@@ -297,7 +297,9 @@ class MultiTurnArgs(ArgsGroup):
     """Multi-turn tool-calling rollouts."""
 
     max_turns: int = arg(1, "Maximum model turns per trajectory in multi-turn rollouts.", ge=1)
-    env_path: str | None = arg(None, "Import path (or entry-point name) of the multi-turn environment.")
+    env_path: str | None = arg(
+        None, "Import path (or entry-point name) of the multi-turn environment.", registry="slime.envs"
+    )
     loss_mask_type: Literal["qwen", "qwen3", "qwen3_5", "distill_qwen"] = arg(
         "qwen", "Chat format of the SFT loss masks (slime_rollout.data.sft): qwen, qwen3, qwen3_5 or distill_qwen."
     )
