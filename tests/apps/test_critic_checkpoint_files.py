@@ -14,13 +14,17 @@ def _cfg(save, *extra):
                        "--no-load-optim", *extra])  # fmt: skip
 
 
-def _save(root, steps):
-    """FSDP iterations `steps` under `root`, each with meta.json and a real one-process DCP model_and_optim/."""
+def _save(root, steps, *, critic=False):
+    """FSDP iterations `steps` under `root`, each with meta.json and a real one-process DCP model_and_optim/.
+
+    A critic's model has a value head (`model.value_head.weight`), an actor's an lm_head.
+    """
     for step in steps:
         folder = root / f"iter_{step:07d}"
         folder.mkdir(parents=True)
         (folder / "meta.json").write_text("{}")
-        state = {"model": {"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(10)}}
+        head = "value_head.weight" if critic else "lm_head.weight"
+        state = {"model": {"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(10), head: torch.ones(4)}}
         dcp.save(state, checkpoint_id=str(folder / "model_and_optim"), no_dist=True)
     (root / "latest_checkpointed_iteration.txt").write_text(str(steps[-1]))
 
@@ -30,7 +34,7 @@ def save(tmp_path):
     """A PPO save: the actor's iterations 1 and 2 under save/, the critic's under save/critic/."""
     root = tmp_path / "save"
     _save(root, [1, 2])
-    _save(root / "critic", [1, 2])
+    _save(root / "critic", [1, 2], critic=True)
     return root
 
 
@@ -41,6 +45,19 @@ def _critic_shard(save):
 
 def test_a_whole_critic_checkpoint_passes(save):
     check_checkpoints(_cfg(save))
+
+
+def test_an_actor_checkpoint_as_the_critics_is_refused_before_ray(save):
+    # README: "an actor's checkpoint given as the critic's (no value head) is refused in one line naming
+    # --critic-load"; it was, but by the critic's trainer after Ray, the engines and the actor's load (~50 s on CPU),
+    # and `--dry-run` passed it.
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(_cfg(save, "--critic-load", str(save)))
+    assert str(e.value) == (
+        f"--critic-load {save}: iter_0000002 is not a critic checkpoint: its model has an lm_head and no value_head "
+        "(an actor's checkpoint? the critic's are saved in <--save>/critic); give the critic's checkpoint folder, or "
+        "an HF directory to start the value model from"
+    )
 
 
 def test_a_truncated_critic_shard_is_named_with_the_iteration_to_resume_from(save):

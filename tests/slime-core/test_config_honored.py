@@ -22,7 +22,6 @@ CONFIG_DIR = ROOT / "packages" / "slime-core" / "src" / "slime_core" / "config"
 
 # field -> what reads it inside slime_core.config (one line each).
 CONSUMED_BY_VALIDATION = {
-    "balance_by_flops": "sets --balance-data (its cost model already estimates FLOPs)",
     "critic_num_gpus_per_node": "checked: the critic's own GPUs must be as many as the actor's (placement uses those)",
     "custom_config_path": "config/cli.py loads the YAML into the fields and args.custom_config",
     "dump_details": "derives --save-debug-rollout-data",

@@ -275,7 +275,8 @@ def test_other_derivations():
         rollout_external_engine_addrs=["10.0.0.1:30000", "http://10.0.0.2:30000"],
     )
     assert args.rollout_max_prompt_len == 4095 and args.eval_max_context_len == 4096
-    assert args.balance_data  # --balance-by-flops: balancing by the FLOPs cost model
+    # --balance-by-flops changes the micro-batch packing only; rank balancing stays --balance-data's, as in the original
+    assert args.balance_by_flops and not args.balance_data
     assert args.rollout_engine_urls == ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
     assert make(eps_clip=0.3).eps_clip_high == 0.3
     assert make(n_samples_per_prompt=2).disable_grpo_std_normalization is False

@@ -6,6 +6,7 @@ import pytest
 from slime_core.scheduling import (
     DEFAULT_ATTN_COEF,
     assign_to_ranks,
+    balance_cost_bins,
     balance_token_bins,
     build_schedule,
     chunk_fixed,
@@ -92,6 +93,43 @@ def test_dynamic_schedule_uses_balanced_micro_batches():
     sched = build_schedule([3] * 10, list(range(10)), dp_size=1, global_batch_size=10,
                            use_dynamic_batch_size=True, max_tokens_per_gpu=12)  # fmt: skip
     assert sorted(len(mb) for mb in sched.rank_micro_batches[0][0]) == [3, 3, 4]
+
+
+def test_balance_by_flops_evens_out_cost_not_tokens():
+    # Budget 20, lengths 8,4,4,4,4, cost s + s^2 (attn_coef 1). FFD gives 2 bins. Tokens spread evenly:
+    # [8,4] and [4,4,4] (12 tokens each) cost 72+20 = 92 and 60. By cost (LPT, costliest first into the
+    # cheapest bin with room): 8 -> b0 (72); 4,4,4 -> b1 (20, 40, 60); 4 -> b1 (60 < 72: 80, 16 tokens).
+    lengths = [8, 4, 4, 4, 4]
+    costs = [sequence_cost(n, attn_coef=1.0) for n in lengths]
+    ffd = pack_by_tokens(range(5), lengths, 20)
+    assert len(ffd) == 2
+    by_tokens = balance_token_bins(ffd, lengths, 20)
+    assert sorted(sum(costs[p] for p in b) for b in by_tokens) == [60.0, 92.0]
+    by_cost = balance_cost_bins(ffd, lengths, costs, 20)
+    assert by_cost == [[1, 2, 3, 4], [0]]
+    assert [sum(costs[p] for p in b) for b in by_cost] == [80.0, 72.0]
+
+    def step_costs(**flags):
+        sched = build_schedule(lengths, list(range(5)), dp_size=1, global_batch_size=5, use_dynamic_batch_size=True,
+                               max_tokens_per_gpu=20, attn_coef=1.0, **flags)  # fmt: skip
+        return sorted(sum(costs[p] for p in b) for b in sched.rank_micro_batches[0][0])
+
+    assert step_costs() == [60.0, 92.0]  # token-balanced by default
+    assert step_costs(balance_by_flops=True) == [72.0, 80.0]
+
+
+def test_balance_by_flops_keeps_count_budget_and_every_sample():
+    for seed in range(30):
+        lengths = _lengths(seed, 60, hi=300)
+        costs = [sequence_cost(n, attn_coef=0.01) for n in lengths]
+        cap = 260
+        ffd = pack_by_tokens(range(60), lengths, cap)
+        bins = balance_cost_bins(ffd, lengths, costs, cap)
+        assert len(bins) == len(ffd)
+        assert sorted(p for b in bins for p in b) == list(range(60))
+        assert all(sum(lengths[p] for p in b) <= cap for b in bins if not (len(b) == 1 and lengths[b[0]] > cap))
+        if bins != ffd:  # not fallen back: no costlier spread than first-fit decreasing's
+            assert max(sum(costs[p] for p in b) for b in bins) <= max(sum(costs[p] for p in b) for b in ffd)
 
 
 def test_packing_rejects_non_positive_budget():

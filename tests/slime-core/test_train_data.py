@@ -320,6 +320,25 @@ def test_build_is_deterministic_and_independent_of_arrival_order():
         assert x.rewards == y.rewards
 
 
+def test_balance_by_flops_packs_micro_batches_by_estimated_cost():
+    # Budget 16000 tokens. Token-balanced bins: [12000, 2000], [8000, 4000], [12000]; the costliest
+    # (s + s^2/24576 summed) is 14000 + (12000^2 + 2000^2)/24576 = 20022.1. By cost: [12000], [12000],
+    # [8000, 4000, 2000] (17418.0, 14000 tokens), the costliest a lone 12000: 12000 + 12000^2/24576 = 17859.4.
+    lengths = [8000, 4000, 12000, 2000, 12000]
+    samples = [Sample(tokens=[1] * n, response_length=1, reward=float(i % 2), index=i) for i, n in enumerate(lengths)]
+
+    def costliest(**flags):
+        args = _args(n_samples_per_prompt=5, global_batch_size=5, use_dynamic_batch_size=True,
+                     max_tokens_per_gpu=16000, **flags)  # fmt: skip
+        (b,) = build_rollout_batches(args, samples, dp_size=1)
+        (step,) = b.micro_batches
+        assert all(sum(b.total_lengths[p] for p in mb) <= 16000 for mb in step)
+        return max(sum(n + n * n / 24576 for n in (b.total_lengths[p] for p in mb)) for mb in step)
+
+    assert costliest() == pytest.approx(14000 + (12000**2 + 2000**2) / 24576, rel=1e-12)
+    assert costliest(balance_by_flops=True) == pytest.approx(12000 + 12000**2 / 24576, rel=1e-12)
+
+
 def test_remove_sample_raw_reward_override_and_metadata():
     samples = _rollout(num_prompts=1, n=4)
     by_index = {s.index: s for s in samples}

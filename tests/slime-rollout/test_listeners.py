@@ -143,3 +143,32 @@ def test_the_router_moves_to_another_port_when_another_router_answers_on_its_own
         assert serves_port(proc.pid, "127.0.0.1", int(proc.url.rsplit(":", 1)[1])) is True
     finally:
         proc.shutdown()
+
+
+def test_the_router_starts_on_sglang_router_port_when_given(tmp_path, monkeypatch):
+    # `--sglang-router-port P` without `--sglang-router-ip` starts the router on P, as in the original's
+    # `_start_router`; it was ignored: the router went to a free port of 3000-4000.
+    monkeypatch.setattr(router_mod, "router_available", lambda: True)
+    ports = []
+
+    def command(cfg, *, port, **kw):
+        ports.append(port)
+        return [sys.executable, "-c", SERVER, str(port)]
+
+    monkeypatch.setattr(router_mod, "build_router_command", command)
+    given = find_free_port(start=47500)
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "sglang_router_port": given})
+    proc = router_mod.start_router(cfg, startup_timeout_s=30)
+    try:
+        assert ports == [given] and proc.url == f"http://127.0.0.1:{given}"
+        assert serves_port(proc.pid, "127.0.0.1", given) is True
+    finally:
+        proc.shutdown()
+    # Served by another process: one error naming the flag, no move to another port.
+    monkeypatch.setattr(
+        router_mod, "build_router_command", lambda cfg, *, port, **kw: [sys.executable, "-c", LOADING + "  # router"]
+    )
+    with foreign_server() as taken:
+        cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "sglang_router_port": taken})
+        with pytest.raises(RuntimeError, match=rf"^--sglang-router-port {taken}: another process serves 127.0.0.1:"):
+            router_mod.start_router(cfg, startup_timeout_s=30)

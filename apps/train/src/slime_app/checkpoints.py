@@ -308,18 +308,19 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
 
 
 def _check_critic_load(cfg: SlimeArgs) -> None:
-    """The PPO critic's checkpoint gets the actor's cheap checks: shard sizes, and for FSDP meta.json and lr schedule.
+    """The PPO critic's checkpoint: the actor's cheap checks, and for FSDP the value head's presence.
 
     The critic's trainer found a truncated `.distcp`, a damaged `meta.json` or another `--critic-lr` when it loaded,
-    after Ray, the engines and the actor's model load. The critic loads the actor's iteration
+    after Ray, the engines and the actor's model load: shard sizes, and for FSDP meta.json, the lr schedule and
+    whether the model has a value head (an actor's checkpoint has none). The critic loads the actor's iteration
     (`slime_app.actor_critic.critic_resume_step`); `.metadata` and file sizes only, no tensor read. Megatron's
     torch_dist critic gets the shard check (its actor's checkpoint gets no more).
 
     Raises:
         ValueError: a shard lacking bytes, an unreadable `.metadata` or `meta.json` (names the file and the
-            iterations to resume from), a schedule or AdamW flag that differs (names the critic's flags), or the
-            critic's folder lacks the actor's iteration. Each names `--critic-load`, or `--load` and the critic's
-            folder in it.
+            iterations to resume from), a schedule or AdamW flag that differs (names the critic's flags), the
+            critic's folder lacks the actor's iteration, or (FSDP) its model has no value head. Each names
+            `--critic-load`, or `--load` and the critic's folder in it.
     """
     kind = train_backend_spec(cfg).checkpoint_format
     if not cfg.use_critic or kind not in ("fsdp", "torch_dist"):
@@ -342,6 +343,11 @@ def _check_critic_load(cfg: SlimeArgs) -> None:
             check_shards("--load", root, checkpoint_state_dirs(root, kind, step), hint)
             if kind == "fsdp":
                 _read_meta(root, step_dir)
+                from slime_train_fsdp.checkpoint import check_critic_checkpoint
+
+                # An actor's checkpoint given as the critic's: the critic's trainer refused it after Ray, the engines
+                # and the actor's model load; its DCP `.metadata` says so now.
+                check_critic_checkpoint("--load", root, step)
         if kind == "fsdp" and not cfg.no_load_optim:
             _check_fsdp_schedule(critic if step is None else critic.model_copy(update={"ckpt_step": step}), root)
     except ValueError as e:

@@ -64,7 +64,7 @@ class PhaseEvent:
 
 
 # Seconds between a plain-log phase's "still running" lines: the first after HEARTBEAT_FIRST_S, each next one twice as
-# late, at most HEARTBEAT_MAX_S apart (a 30-minute rollout logs 6 of them).
+# late, at most HEARTBEAT_MAX_S apart (a 30-minute rollout logs 5 of them: at 1, 3, 7, 15 and 25 minutes).
 HEARTBEAT_FIRST_S = 60.0
 HEARTBEAT_MAX_S = 600.0
 

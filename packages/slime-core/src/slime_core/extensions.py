@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ __all__ = [
     "RolloutEngineSpec",
     "TrainBackendSpec",
     "engine_spec",
+    "registered_names",
     "registry_for_group",
     "run_preflight_hooks",
     "train_backend_spec",
@@ -247,6 +249,18 @@ def registry_for_group(group: str) -> Any:
     registries = {r.group: r for r in (TRAIN_BACKENDS, CRITIC_BACKENDS, ROLLOUT_ENGINES, REWARDS, WEIGHT_UPDATERS)}
     registries[ESTIMATORS.group] = ESTIMATORS
     return registries[group]
+
+
+def registered_names(group: str) -> list[str]:
+    """The names entry-point group `group` offers, for the CLI's help; imports no provider.
+
+    A group with a registry here (`registry_for_group`) answers from it; another one (`slime.envs`, whose registry is
+    slime-envs') from the installed distributions' entry points.
+    """
+    try:
+        return list(registry_for_group(group).names())
+    except KeyError:
+        return sorted({ep.name for ep in importlib.metadata.entry_points(group=group)})
 
 
 def train_backend_spec(cfg: Any) -> TrainBackendSpec:

@@ -10,8 +10,8 @@ sample positions:
 2. Per step, pack the step's samples into micro-batches: `--use-dynamic-batch-size` packs by a
    token budget (`--max-tokens-per-gpu` x context-parallel size): first-fit decreasing finds the fewest
    micro-batches, then the tokens are spread evenly over that many (`balance_token_bins`, as the
-   original's balanced partition after its minimum micro-batch count); otherwise fixed chunks of
-   `--micro-batch-size` samples.
+   original's balanced partition after its minimum micro-batch count; `--balance-by-flops` evens out the
+   estimated cost instead, `balance_cost_bins`); otherwise fixed chunks of `--micro-batch-size` samples.
 3. Round the micro-batch count up to a multiple of the DP size by splitting the costliest bins (or
    adding empty ones when no bin can be split), so that every rank runs the same number of
    micro-batches (the ranks step their optimizers and collectives in lock-step).
@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_ATTN_COEF",
     "Schedule",
     "assign_to_ranks",
+    "balance_cost_bins",
     "balance_token_bins",
     "build_schedule",
     "chunk_fixed",
@@ -156,6 +157,51 @@ def balance_token_bins(bins: list[list[int]], lengths: Sequence[int], max_tokens
         heapq.heappush(heap, (load + lengths[pos], i))
     result = [sorted(b) for b in out if b] + alone
     result.sort(key=lambda b: (-sum(lengths[p] for p in b), b[0]))
+    return result
+
+
+def balance_cost_bins(
+    bins: list[list[int]], lengths: Sequence[int], costs: Sequence[float], max_tokens: int
+) -> list[list[int]]:
+    """Spreads the samples of `bins` over the same number of bins by estimated cost, each within `max_tokens`.
+
+    `--balance-by-flops`: where `balance_token_bins` evens out the token counts, this evens out the estimated
+    FLOPs (`sequence_cost`: a long sample costs more than its tokens, attention being quadratic), so the
+    micro-batches of a step take about the same time. Longest-processing-time order: samples costliest first
+    (ties by position), each into the cheapest bin that still has room for its tokens. The bin count stays the
+    first-fit-decreasing one and the token budget holds, unlike the original's `--balance-by-flops`, which
+    partitions into `ceil(tokens / budget)` bins by FLOPs alone and may exceed the budget (its help says so).
+    Samples longer than `max_tokens` keep a bin of their own; if some sample fits no bin, `bins` is returned
+    unchanged.
+
+    Args:
+        bins: micro-batches of positions, e.g. from `pack_by_tokens`.
+        lengths: token count of every position (indexed by position).
+        costs: estimated cost of every position (`sequence_cost`, indexed by position).
+        max_tokens: the token budget per bin.
+
+    Returns:
+        As many bins as `bins`, each sorted ascending, ordered by decreasing cost (ties by first position).
+    """
+    positions = [p for b in bins for p in b]
+    alone = [[p] for p in positions if lengths[p] > max_tokens]
+    rest = sorted((p for p in positions if lengths[p] <= max_tokens), key=lambda p: (-costs[p], p))
+    k = len(bins) - len(alone)
+    if k <= 0 or not rest:
+        return bins
+    out: list[list[int]] = [[] for _ in range(k)]
+    loads = [0.0] * k  # estimated cost per bin
+    tokens = [0] * k
+    for pos in rest:
+        room = [i for i in range(k) if tokens[i] + lengths[pos] <= max_tokens]
+        if not room:
+            return bins
+        i = min(room, key=lambda j: (loads[j], j))
+        out[i].append(pos)
+        loads[i] += costs[pos]
+        tokens[i] += lengths[pos]
+    result = [sorted(b) for b in out if b] + alone
+    result.sort(key=lambda b: (-sum(costs[p] for p in b), b[0]))
     return result
 
 
@@ -334,6 +380,7 @@ def build_schedule(
     max_tokens_per_gpu: int | None = None,
     micro_batch_size: int = 1,
     balance_data: bool = False,
+    balance_by_flops: bool = False,
     cp_size: int = 1,
     attn_coef: float = DEFAULT_ATTN_COEF,
 ) -> Schedule:
@@ -349,6 +396,8 @@ def build_schedule(
             with dynamic batch size.
         micro_batch_size: samples per static micro-batch (`--micro-batch-size`).
         balance_data: balance micro-batches over ranks by estimated cost (`--balance-data`).
+        balance_by_flops: with dynamic batch size, even out the micro-batches' estimated cost instead of their
+            token counts (`--balance-by-flops`, `balance_cost_bins`).
         cp_size: context-parallel size; a micro-batch is split over CP ranks, so its budget is
             `max_tokens_per_gpu * cp_size`.
         attn_coef: quadratic coefficient of `sequence_cost`.
@@ -397,8 +446,12 @@ def build_schedule(
         step_positions.append(positions)
         if use_dynamic_batch_size:
             assert max_tokens_per_gpu is not None
-            bins = pack_by_tokens(positions, lengths, max_tokens_per_gpu * cp_size)
-            bins = balance_token_bins(bins, lengths, max_tokens_per_gpu * cp_size)
+            budget = max_tokens_per_gpu * cp_size
+            bins = pack_by_tokens(positions, lengths, budget)
+            if balance_by_flops:
+                bins = balance_cost_bins(bins, lengths, costs, budget)
+            else:
+                bins = balance_token_bins(bins, lengths, budget)
         else:
             bins = chunk_fixed(positions, micro_batch_size)
         bins = equalize_bin_count(bins, costs, dp_size)

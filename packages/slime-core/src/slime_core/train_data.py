@@ -437,8 +437,8 @@ def build_rollout_batches(
 
     Args:
         cfg: run config; reads the fields of `postprocess_rewards` plus `global_batch_size`,
-            `use_dynamic_batch_size`, `max_tokens_per_gpu`, `micro_batch_size`, `balance_data` and
-            `context_parallel_size` (1 unless `--train-backend megatron`).
+            `use_dynamic_batch_size`, `max_tokens_per_gpu`, `micro_batch_size`, `balance_data`,
+            `balance_by_flops` and `context_parallel_size` (1 unless `--train-backend megatron`).
         samples: the rollout's samples, any order.
         dp_size: number of data-parallel ranks.
         rewards: `(raw_rewards, rewards)` already computed by `postprocess_rewards(cfg, sorted_by_index(samples))`,
@@ -513,6 +513,7 @@ def build_rollout_batches(
         max_tokens_per_gpu=cfg.max_tokens_per_gpu,
         micro_batch_size=cfg.micro_batch_size,
         balance_data=cfg.balance_data,
+        balance_by_flops=cfg.balance_by_flops,
         cp_size=cfg.context_parallel_size,
     )
     _check_step_count(cfg, schedule.num_steps, len(set(keys)))

@@ -69,9 +69,9 @@ def _add_field(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: 
     if not field.is_required() and field.default not in (None, False, [], {}):
         help_text += f" (default: {field.default})".replace("%", "%%")
     if extra.get("registry"):
-        from slime_core.extensions import registry_for_group
+        from slime_core.extensions import registered_names
 
-        names = ", ".join(registry_for_group(extra["registry"]).names())
+        names = ", ".join(registered_names(extra["registry"]))
         help_text += f" Registered: {names} (entry-point group {extra['registry']})."
     annotation = _unwrap_optional(field.annotation)
     origin = typing.get_origin(annotation)
@@ -115,6 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
             extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
             if extra.get("cli", True):
                 _add_field(section, name, field)
+    # Original flags that are no field here are refused in one line by `_split_argv`; listed so that `--help` shows
+    # every original flag, these too, with what to use instead.
+    section = parser.add_argument_group(
+        "Not implemented", "Original flags this version does not implement: one given stops the run in one line."
+    )
+    for flag in sorted(UNSUPPORTED_FLAGS):
+        note = f"NOT IMPLEMENTED ({unsupported_flag_note(flag)})."
+        section.add_argument(flag, dest=f"unsupported{flag}", nargs="?", metavar="VALUE", help=note.replace("%", "%%"))
     return parser
 
 
@@ -140,7 +148,8 @@ def _store_passthrough(target: PassThrough, key: str, inline: str | None, values
 def _split_argv(argv: Sequence[str]) -> tuple[list[str], PassThrough, PassThrough, list[str]]:
     """Separates slime flags (for argparse) from SGLang, router and Megatron pass-through flags."""
     parser = build_parser()
-    slime_flags = set(parser._option_string_actions)  # Includes --no-<flag> of optional booleans.
+    # Includes --no-<flag> of optional booleans; the help-only entries of UNSUPPORTED_FLAGS are refused below.
+    slime_flags = set(parser._option_string_actions) - set(UNSUPPORTED_FLAGS)
     slime, sglang, router, megatron = [], {}, {}, []
     i = 0
     while i < len(argv):

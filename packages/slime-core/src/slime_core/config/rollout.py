@@ -184,7 +184,12 @@ class DataArgs(ArgsGroup):
     num_steps_per_rollout: int | None = arg(None, "Optimizer steps per rollout (default 1).", ge=1)
     micro_batch_size: int = arg(1, "Samples per micro-batch when --use-dynamic-batch-size is off.", ge=1)
     balance_data: bool = arg(False, "Balance sequence lengths across data-parallel ranks.")
-    balance_by_flops: bool = arg(False, "Balance by estimated FLOPs (needs --use-dynamic-batch-size).")
+    balance_by_flops: bool = arg(
+        False,
+        "Even out the estimated FLOPs (tokens plus a quadratic attention term) of a step's micro-batches instead of "
+        "their token counts (needs --use-dynamic-batch-size; the token budget still holds, and the micro-batch count "
+        "stays the fewest that fit it).",
+    )
     use_dynamic_batch_size: bool = arg(False, "Pack micro-batches up to --max-tokens-per-gpu tokens.")
     max_tokens_per_gpu: int | None = arg(None, "Token budget per GPU micro-batch (dynamic batch size).", ge=1)
     log_probs_max_tokens_per_gpu: int | None = arg(
@@ -292,7 +297,9 @@ class MultiTurnArgs(ArgsGroup):
     """Multi-turn tool-calling rollouts."""
 
     max_turns: int = arg(1, "Maximum model turns per trajectory in multi-turn rollouts.", ge=1)
-    env_path: str | None = arg(None, "Import path (or entry-point name) of the multi-turn environment.")
+    env_path: str | None = arg(
+        None, "Import path (or entry-point name) of the multi-turn environment.", registry="slime.envs"
+    )
     loss_mask_type: Literal["qwen", "qwen3", "qwen3_5", "distill_qwen"] = arg(
         "qwen", "Chat format of the SFT loss masks (slime_rollout.data.sft): qwen, qwen3, qwen3_5 or distill_qwen."
     )

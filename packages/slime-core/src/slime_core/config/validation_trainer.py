@@ -20,10 +20,10 @@ __all__ = ["check_trainer_flags"]
 
 
 def check_trainer_flags(args: SlimeArgs) -> None:
-    """Checks the optimizer, precision and micro-batching flags against the backend; derives `--balance-data`.
+    """Checks the optimizer, precision and micro-batching flags against the backend.
 
     Args:
-        args: the config under validation (writable: `--balance-by-flops` sets `balance_data`).
+        args: the config under validation.
 
     Raises:
         ConfigError: `--lr-decay-style`, `--optimizer` or `--fp16` the backend does not implement;
@@ -165,7 +165,5 @@ def _micro_batching(args: SlimeArgs) -> None:
             f"--micro-batch-size {args.micro_batch_size} has no effect with --use-dynamic-batch-size: micro-batches "
             "are packed up to --max-tokens-per-gpu",
         )
-    if args.balance_by_flops:
-        if not args.use_dynamic_batch_size:
-            raise ConfigError("--balance-by-flops requires --use-dynamic-batch-size")
-        args.balance_data = True
+    if args.balance_by_flops and not args.use_dynamic_batch_size:
+        raise ConfigError("--balance-by-flops requires --use-dynamic-batch-size")

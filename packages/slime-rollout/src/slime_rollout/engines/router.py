@@ -83,7 +83,7 @@ def start_router(
     startup_timeout_s: float = 120.0,
     max_concurrent_requests: int | None = None,
 ) -> EngineProcess:
-    """Starts sglang-router on a free port in 3000-4000 and waits for its `/health`.
+    """Starts sglang-router on `--sglang-router-port`, else a free port in 3000-4000, and waits for its `/health`.
 
     Args:
         cfg: run config (see `build_router_command`).
@@ -95,13 +95,15 @@ def start_router(
     router of another run started at the same moment can bind the probed port first; then another port is tried.
 
     Raises:
-        RuntimeError: sglang-router is not installed, the router exited during startup, or `PORT_ATTEMPTS` ports
-            were each served by another process.
+        RuntimeError: sglang-router is not installed, the router exited during startup, `PORT_ATTEMPTS` ports
+            were each served by another process, or another process serves `--sglang-router-port`.
     """
     if not router_available():
         raise RuntimeError("sglang-router is not installed (pip install 'slime-rollout[router]')")
+    given = cfg.sglang_router_port  # the original starts its router there when no --sglang-router-ip names one
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        port = find_free_port(host, 3000)  # not one handed out before in this process: a retry moves on
+        # A probed port is not one handed out before in this process: a retry moves on.
+        port = given if given is not None else find_free_port(host, 3000)
         prometheus_port = find_free_port(host, 4000)
         command = build_router_command(
             cfg, host=host, port=port, prometheus_port=prometheus_port, max_concurrent_requests=max_concurrent_requests
@@ -116,6 +118,11 @@ def start_router(
             raise
         # Another run's router bound the port between the probe and our bind, and answered our health check.
         proc.shutdown()
+        if given is not None:
+            raise RuntimeError(
+                f"--sglang-router-port {given}: another process serves {host}:{given}; give a free port, or leave the "
+                "flag unset to start the router on a free one"
+            )
         logger.warning("router port %d is served by another process (attempt %d/%d)", port, attempt, PORT_ATTEMPTS)
     raise RuntimeError(f"no router port of its own on {host} in {PORT_ATTEMPTS} attempts: other processes took each")
 
