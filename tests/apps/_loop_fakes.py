@@ -7,6 +7,7 @@ Importable as module `slime_app_loop_fakes` (registered by this folder's conftes
 import types
 
 from slime_app import loop, restore, rollout_schedule
+from slime_app.train_actor import TrainerStart
 
 __all__ = ["Actor", "BuildTrainer", "FakeRay", "Tracker", "Trainer", "patch_ray", "unbuilt_run"]
 
@@ -107,8 +108,11 @@ class Tracker:
 
 
 class BuildTrainer:
-    def __init__(self, events):
+    """The trainer group as `Run.build` calls it; its `init` reports `compile_layers_flag` (None: eager layers)."""
+
+    def __init__(self, events, compile_layers_flag=None):
         self.events = events
+        self.compile_layers_flag = compile_layers_flag
 
     def preload(self, cfg):
         self.events.append(("trainer.preload",))
@@ -121,7 +125,7 @@ class BuildTrainer:
 
     def init(self, cfg):
         self.events.append(("trainer.init",))
-        return 0
+        return TrainerStart(rollout_id=0, compile_layers_flag=self.compile_layers_flag)
 
 
 def unbuilt_run(monkeypatch, events, make_trainer):

@@ -9,6 +9,7 @@ import pytest
 
 from slime_app import cluster
 from slime_app.actor_critic import ActorCritic, critic_resume_step
+from slime_app.train_actor import TrainerStart
 from slime_core.checkpoint_dirs import critic_dirs
 from slime_core.config import SlimeArgs
 
@@ -29,7 +30,7 @@ class _Group:
 
     def init(self, cfg):
         self._log("init")
-        return 3 if self.role == "actor" else 2
+        return TrainerStart(rollout_id=3 if self.role == "actor" else 2, compile_layers_flag=None)
 
     def wake_up(self):
         self._log("wake_up")
@@ -63,7 +64,7 @@ def _pair(shared, **fields):
 
 def test_shared_gpus_alternate_and_the_actor_trains_on_the_critic_values(caplog):
     pair, events = _pair(shared=True)
-    assert pair.init(pair.cfg) == 3  # the actor's start; the differing critic's is logged
+    assert pair.init(pair.cfg).rollout_id == 3  # the actor's start; the differing critic's is logged
     assert "the critic resumes at rollout 2, the actor at 3" in caplog.text
     # Never both on the GPU: the actor sleeps while the critic is built; the critic sleeps after.
     assert events == [("actor", "init"), ("actor", "sleep"), ("critic", "init"), ("critic", "sleep")]
@@ -174,7 +175,7 @@ class _LoadingGroup(_Group):
 
     def init(self, cfg):
         self._log("init", cfg.ckpt_step)
-        return 0
+        return TrainerStart(rollout_id=0, compile_layers_flag=None)
 
 
 def _saves(root, actor, critic):

@@ -283,6 +283,18 @@ def test_build_starts_the_compile_warm_up_before_init_and_never_while_colocated_
     assert [e[0] for e in events] == expected
 
 
+@pytest.mark.parametrize("reported", [None, "--megatron-compile-layers"])
+def test_build_keeps_what_the_trainer_s_init_reported_about_compiling_its_layers(monkeypatch, reported):
+    # The loop names the first step from this (`step`: "compile+train"), not from its own copy of a backend's rule.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron"})
+    events = []
+    unbuilt_run(monkeypatch, events, lambda: BuildTrainer(events, compile_layers_flag=reported))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.placement, run.tracker = cfg, None, Tracker()
+    assert run.build() == 0
+    assert run.compile_layers_flag == reported
+
+
 class _HungSaveRay:
     """`ray.get` over fake refs: a manager save never answers (past `timeout`, Ray's GetTimeoutError)."""
 

@@ -12,7 +12,7 @@ from slime_app_loop_fakes import Actor, BuildTrainer, FakeRay, Tracker, Trainer,
 
 from slime_app import loop
 from slime_app.run_state import run_state_path
-from slime_app.train_actor import TrainGroup
+from slime_app.train_actor import TrainerStart, TrainGroup
 from slime_core.config import SlimeArgs
 
 
@@ -26,7 +26,7 @@ class _ResumedTrainer(BuildTrainer):
     def init(self, cfg):
         super().init(cfg)
         self.cfg = cfg
-        return self.start
+        return TrainerStart(rollout_id=self.start, compile_layers_flag=None)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +67,7 @@ class _PinningGroup(TrainGroup):
     def _all(self, method, *args):
         if method == "init":
             self.rank_cfgs.append(args[0])
+            return [TrainerStart(rollout_id=0, compile_layers_flag=None)]
         return [0]
 
 

@@ -23,7 +23,7 @@ import time
 import ray
 
 from slime_app.cluster import Placement
-from slime_app.train_actor import TrainGroup, pin_load_step
+from slime_app.train_actor import TrainerStart, TrainGroup, pin_load_step
 from slime_core.checkpoint_dirs import complete_iterations, critic_dir, iteration_name, pinned_iteration, save_root
 from slime_core.config import SlimeArgs
 
@@ -163,8 +163,8 @@ class ActorCritic:
         self._release_critic()
 
     # ------------------------------------------------------------------ lifecycle
-    def init(self, cfg: SlimeArgs) -> int:
-        """Initializes both groups; returns the actor's start rollout id (a differing critic's is logged).
+    def init(self, cfg: SlimeArgs) -> TrainerStart:
+        """Initializes both groups; returns the actor's `TrainerStart` (a differing critic's start id is logged).
 
         On shared GPUs the actor sleeps while the critic is built, so the two models never hold the accelerator
         at once (as the original's offloaded PPO initialization). A resumed critic loads the actor's iteration
@@ -181,12 +181,12 @@ class ActorCritic:
         # Paired: the actor's iteration, whatever the critic's tracker says. Another run's --critic-load (or no
         # critic checkpoint): the run config as given (a --ckpt-step given reaches both, as the original's).
         critic_start = self.critic.init(cfg if step is None else cfg.model_copy(update={"ckpt_step": step}))
-        if critic_start != start:
+        if critic_start.rollout_id != start.rollout_id:
             logger.warning(
                 "the critic resumes at rollout %d, the actor at %d; continuing from the actor's (is the critic "
                 "checkpoint in --critic-load / <--load>/critic from the same run?)",
-                critic_start,
-                start,
+                critic_start.rollout_id,
+                start.rollout_id,
             )
         self._release_critic()
         return start

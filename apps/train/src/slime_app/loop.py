@@ -40,7 +40,6 @@ from slime_app.save_schedule import hf_export_path, should_run
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
 from slime_core.config.validation_fully_async import is_fully_async
-from slime_core.extensions import train_backend_spec
 from slime_rollout.runtime.deadlines import DeadlineExceeded
 
 logger = logging.getLogger(__name__)
@@ -78,6 +77,9 @@ class Run:
     train_end: float | None = None  # when the trainer last finished a train call (`run` sets it at start-up)
     watch: ActorWatch | None = None  # None in tests that build a `Run` by hand: plain `ray.get`s
     manager_watched: Watched | None = None  # the rollout manager's process, watched by every wait on it
+    # The flag under which the trainer compiled its layers (their first step compiles), as its `init` reported it
+    # (`TrainerStart.compile_layers_flag`); None: eager, or no trainer.
+    compile_layers_flag: str | None = None
 
     def __init__(self, cfg: SlimeArgs):
         self.cfg = cfg
@@ -106,49 +108,6 @@ class Run:
             if self.reaper is not None:
                 self.reaper.sweep()  # and what an interrupted ray.init left (its agents, orphaned)
             raise
-
-    @property
-    def _uses_cuda(self) -> bool:
-        placement = getattr(self, "placement", None)
-        return bool(placement is not None and placement.use_gpu)
-
-    @property
-    def _compiles_by_default(self) -> bool:
-        """Whether layers compile with `--fsdp-compile-layers` unset (as `model_loading.compiles_layers`).
-
-        On GPUs, except with `--lora-rank` or `--true-on-policy-mode`.
-        """
-        return self._uses_cuda and not self.cfg.lora_rank and not self.cfg.true_on_policy_mode
-
-    @property
-    def _compile_layers_flag(self) -> str | None:
-        """The flag that makes the layers compile at their first forward in this run; None when they run eagerly.
-
-        FSDP: `--fsdp-compile-layers`, unset meaning `_compiles_by_default` (`slime_train_fsdp.model_loading`);
-        Megatron: `--megatron-compile-layers` / `--no-...` (the last one given), unset meaning on with CUDA at
-        TP = CP = 1 without `--attention-backend local` (`slime_train_megatron.settings.compiles_layers`, whose
-        Transformer Engine and MoE exceptions only the workers can judge: such a first step is still named
-        "compile+train").
-        """
-        cfg = self.cfg
-        spec = train_backend_spec(cfg)
-        if not spec.compiles_layers:
-            return None
-        if spec.megatron_native:  # a Megatron flag, passed through in --megatron-args' tokens
-            flags = ("--megatron-compile-layers", "--no-megatron-compile-layers")
-            given = [t == flags[0] for t in cfg.megatron_args if t in flags]
-            if given:
-                on = given[-1]
-            else:
-                on = (
-                    self._uses_cuda
-                    and cfg.tensor_model_parallel_size == 1
-                    and cfg.context_parallel_size == 1
-                    and cfg.megatron_flag("--attention-backend") != "local"
-                )
-            return "--megatron-compile-layers" if on else None
-        on = cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._compiles_by_default
-        return "--fsdp-compile-layers" if on else None
 
     def _phase(self, name: str, rollout_id: int | None = None, detail: str = "") -> contextlib.AbstractContextManager:
         """`RunProgress.phase`, or nothing when the run has no display."""
@@ -204,7 +163,8 @@ class Run:
         if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
                 with refused_input("the trainer ranks did not start"):
-                    start = self.trainer.init(cfg)  # the actor pins --load's iteration (pin_load_step)
+                    started = self.trainer.init(cfg)  # the actor pins --load's iteration (pin_load_step)
+            start, self.compile_layers_flag = started.rollout_id, started.compile_layers_flag
             if start > 0 and cfg.load:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
         if cfg.start_rollout_id is not None:
@@ -323,7 +283,7 @@ class Run:
             batch_refs, metrics = self.rollouts.take(rollout_id)
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         if not cfg.debug_rollout_only:
-            flag = self._compile_layers_flag if rollout_id == self.start_rollout_id else None
+            flag = self.compile_layers_flag if rollout_id == self.start_rollout_id else None
             phase = ("compile+train", f"{flag}: the first step compiles") if flag else ("train", "")
             with self._phase(phase[0], rollout_id, phase[1]):
                 metrics.update(self.train(rollout_id, batch_refs))

@@ -66,7 +66,14 @@ class TrainBackend(Protocol):
 
     `train` runs the shared RL step (`slime_core.train_step.train_on_rollout`); the backend supplies its
     forward passes, collectives and optimizer.
+
+    Attributes:
+        compile_layers_flag: set by `init`: the flag under which it compiled the decoder layers (they compile at
+            the first forward, e.g. "--fsdp-compile-layers"), None when they run eagerly. The value `init` used,
+            so the driver names the first step from it instead of restating the backend's rule.
     """
+
+    compile_layers_flag: str | None
 
     @staticmethod
     def start_compile_warm_up(cfg: SlimeArgs, gated: bool = False) -> CompileWarmUp | None:

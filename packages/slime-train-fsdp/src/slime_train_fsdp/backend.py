@@ -122,6 +122,7 @@ class FSDPTrainBackend:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.device = torch.device("cpu")
+        self.compile_layers_flag: str | None = None  # set by `init` (`TrainBackend.compile_layers_flag`)
         self.global_step = 0
         self.weights = WeightSwap(self._local_params, missing=_MISSING)  # reference / OPD teacher host copies
         self.residency: Residency | None = None  # sleep/wake, made with the optimizer
@@ -157,6 +158,7 @@ class FSDPTrainBackend:
         # An FP8 --hf-checkpoint is only served: the trainer starts from the BF16 --ref-load (slime_core.fp8).
         weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
         self.model, self.config = build_fsdp_model(cfg, weights, self.device, flag=_weights_flag(cfg, weights))
+        self.compile_layers_flag = "--fsdp-compile-layers" if compiles_layers(cfg, self.device) else None
         # Read from the file: building the fp32 master model rewrites the config object's dtype to float32.
         self._hf_dtype = source_dtype(weights)
         install_response_forward(self.model)

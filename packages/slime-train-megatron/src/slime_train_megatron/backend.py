@@ -103,6 +103,7 @@ class MegatronTrainBackend:
         self.weights = WeightSwap(lambda: self.module.named_parameters(), missing=_MISSING)  # ref / OPD teacher
         self.attention: AttentionKind = "transformer_engine"
         self.head: HeadKind = "logits"  # `--log-probs-head` (output_head.py)
+        self.compile_layers_flag: str | None = None  # set by `init` (`TrainBackend.compile_layers_flag`)
         self.runner: PipelineRunner | None = None  # packed micro-batches through megatron-core's schedule
         self.residency: Residency | None = None  # sleep/wake
         self.global_step = 0
@@ -130,6 +131,8 @@ class MegatronTrainBackend:
         )
         parts = build_parallel_model(cfg, s, self.model_args)
         self.attention, self.module, self.model = parts.attention, parts.module, parts.model
+        # As `build_parallel_model` resolved it (`settings.compiles_layers`: MoE, TE and TP/CP > 1 stay eager).
+        self.compile_layers_flag = "--megatron-compile-layers" if s.megatron_compile_layers else None
         cuda = torch.cuda.is_available()
         self.set_log_probs_head(head_kind(cfg.log_probs_head, s.tensor_model_parallel_size, cuda=cuda))
         self.optimizer, self.scheduler = build_optimizer(parts, s, cfg)
