@@ -62,8 +62,11 @@ class Trainer:
         self.events.append(("train", rollout_id))
         return {"train/loss": 1.0}
 
-    def save(self, rollout_id):
-        self.events.append(("trainer.save", rollout_id))
+    def save(self, rollout_id, commit=True):
+        self.events.append(("trainer.save", rollout_id))  # `commit` False from the loop: `commit_save` follows
+
+    def commit_save(self, rollout_id):
+        self.events.append(("trainer.commit", rollout_id))
 
     def save_hf(self, path):
         self.events.append(("trainer.save_hf", path))

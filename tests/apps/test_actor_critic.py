@@ -48,8 +48,11 @@ class _Group:
         self._log("train", rollout_id, tuple(values))
         return {"train/loss": 1.0}
 
-    def save(self, rollout_id):
-        self._log("save", rollout_id)
+    def save(self, rollout_id, commit=True):
+        self._log("save", rollout_id, *([] if commit else ["uncommitted"]))
+
+    def commit_save(self, rollout_id):
+        self._log("commit_save", rollout_id)
 
     def update_weights(self, version, engine_urls=None):
         self._log("update_weights", version, *([engine_urls] if engine_urls else []))

@@ -204,7 +204,10 @@ def _loop_phases(monkeypatch, compile_layers_flag=None, **fields):
         def train(self, rollout_id, refs):
             return {"loss": 0.1}
 
-        def save(self, rollout_id):
+        def save(self, rollout_id, commit=True):
+            pass
+
+        def commit_save(self, rollout_id):
             pass
 
     fake_ray = type("R", (), {"get": staticmethod(lambda ref, **kw: ref)})()

@@ -229,13 +229,21 @@ class ActorCritic:
             rollout_id, critic_metrics.get("train/critic-return_mean", float("nan")), self.num_undefined_ev,
         )  # fmt: skip
 
-    def save(self, rollout_id: int) -> None:
-        """The critic's checkpoint, then the actor's (whose tracker commits the resume point)."""
+    def save(self, rollout_id: int, commit: bool = True) -> None:
+        """The critic's checkpoint, then the actor's, whose tracker commits the resume point of both.
+
+        With `commit` False, `commit_save` writes that tracker; the critic's own is written at once (the critic
+        resumes at the actor's iteration: `critic_resume_step`).
+        """
         self._use_critic()
         self.critic.save(rollout_id)
         self._release_critic()
         self._use_actor()
-        self.actor.save(rollout_id)
+        self.actor.save(rollout_id, commit)
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the actor's checkpoint of `rollout_id` in its tracker: the resume point of both."""
+        self.actor.commit_save(rollout_id)
 
     def save_hf(self, path: str) -> None:
         """HF export of the actor (the policy)."""

@@ -261,8 +261,8 @@ class Run:
         """Whether a run resumed from `--load` at `start` evaluates the loaded weights before its first step.
 
         When the eval after rollout `start - 1` was due (`--eval-interval`, an epoch's end, the last rollout): it runs
-        after that rollout's save, so a run stopped in between (its weight sync or the eval itself) committed the
-        checkpoint without it, and the resumed run went on to the next one: no `eval/*` point for the checkpoint
+        after that rollout's commit (`_commit`), so a run stopped during the eval committed the checkpoint
+        without it, and the resumed run went on to the next one: no `eval/*` point for the checkpoint
         (the original's train.py too). Run again where the stopped run had logged it, it repeats the same point (the
         same weights, the same sampling seeds; the run state saved with the checkpoint holds none of it). Not with
         `--start-rollout-id`, whose weights are not that rollout's.
@@ -291,6 +291,7 @@ class Run:
             # epoch's end, the last rollout), and the last rollout also exports without --save. The export comes
             # first: the checkpoint's tracker commits both, so a run killed during the export resumes before this
             # rollout and exports it again (after the tracker, the resumed run started past it: never exported).
+            # The tracker is written last, after the run state (`_commit`).
             if self._saves_after(rollout_id) or rollout_id == cfg.num_rollout - 1:
                 if cfg.save_hf:
                     with self._phase("save", rollout_id, "--save-hf"):
@@ -314,11 +315,7 @@ class Run:
             self.tracker.log(rollout_id + 1, sync)
         self.tracker.rollout_done(rollout_id, metrics)
         if not cfg.debug_rollout_only and self._saves_after(rollout_id):
-            # Its checkpoint is committed and the rollout accounted. The eval after it is not in this state: a resume
-            # runs it again (`_eval_due_at_resume`), so its point is in the curve and the rules once.
-            self.eval_after_save.due = should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch)
-            with self._save_errors(rollout_id, "run-state save"):
-                save_run_state(cfg.save, rollout_id, {k: v.state() for k, v in self._state_keepers.items()})
+            self._commit(rollout_id)
         # The actor's first step: after the critic-only warm-up (the weights are still the synced ones then).
         first_actor_step = max(self.start_rollout_id, cfg.num_critic_only_steps if cfg.use_critic else 0)
         if rollout_id == first_actor_step and not cfg.debug_rollout_only:
@@ -327,6 +324,24 @@ class Run:
         if should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch):  # None: never
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
+
+    def _commit(self, rollout_id: int) -> None:
+        """Writes the run state of the saved `rollout_id`, then names its checkpoint in the tracker (the resume point).
+
+        In this order, a run stopped between the two (SIGKILL) resumes from the checkpoint before, whose run state is
+        there; the tracker written first (in the trainer's save) left a checkpoint without it, and the resumed run
+        restarted `goodput/cum/*`, the instability baselines and the curve from zero. The rollout is accounted by
+        now. The eval after it is not in this state: a resume runs it again (`_eval_due_at_resume`), so its point is
+        in the curve and the rules once.
+
+        Raises:
+            SaveFailed: either write failed (one line: `slime_app.failures`).
+        """
+        cfg = self.cfg
+        self.eval_after_save.due = should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch)
+        with self._save_errors(rollout_id, "run-state save"):
+            save_run_state(cfg.save, rollout_id, {k: v.state() for k, v in self._state_keepers.items()})
+            self.trainer.commit_save(rollout_id)
 
     def _stop_on(self, findings: list) -> None:
         if findings and self.cfg.stop_on_instability:
@@ -400,6 +415,8 @@ class Run:
     def save(self, rollout_id: int) -> float:
         """Writes the checkpoint of `rollout_id` (data cursor, then trainer); returns the seconds it took.
 
+        Not yet named in the tracker: `step` commits it once the run state is written too (`_commit`).
+
         Raises:
             SaveFailed: a rank or the rollout manager could not write it (one line: `slime_app.failures`).
         """
@@ -408,7 +425,7 @@ class Run:
             # Data cursor first: the trainer's checkpoint tracker is the commit point of a resume.
             if self._cursor_saved != rollout_id:  # `--async` saved it before the next rollout drew its prompts
                 self._save_rollout_state(rollout_id)
-            self.trainer.save(rollout_id)
+            self.trainer.save(rollout_id, commit=False)
         return time.perf_counter() - t0
 
     def _save_rollout_state(self, rollout_id: int) -> None:

@@ -257,9 +257,13 @@ class TrainActor:
         """The critic's step on this rank's batch: `(train/critic-* metrics, values before the update)`."""
         return self.backend.train_critic(rollout_id, batch)
 
-    def save(self, rollout_id: int) -> None:
-        """Writes a resumable checkpoint."""
-        self.backend.save(rollout_id)
+    def save(self, rollout_id: int, commit: bool = True) -> None:
+        """Writes a resumable checkpoint; `commit`: also name it in the tracker (else `commit_save` does)."""
+        self.backend.save(rollout_id, commit=commit)
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the checkpoint of `rollout_id` in the tracker: the resume point (`TrainBackend.commit_save`)."""
+        self.backend.commit_save(rollout_id)
 
     def save_hf(self, path: str) -> None:
         """Exports Hugging Face safetensors (collective; rank 0 writes)."""
@@ -442,9 +446,13 @@ class TrainGroup:
             values.setdefault(r, rank_values)  # model-parallel ranks of one DP group hold the same values
         return results[0][0], [values[r] for r in range(len(values))]
 
-    def save(self, rollout_id: int) -> None:
-        """Checkpoint on every rank."""
-        self._all("save", rollout_id)
+    def save(self, rollout_id: int, commit: bool = True) -> None:
+        """Checkpoint on every rank; `commit`: also name it in the tracker (else `commit_save` does)."""
+        self._all("save", rollout_id, commit)
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the checkpoint of `rollout_id` in the tracker (rank 0 writes): the point a resume starts from."""
+        self._all("commit_save", rollout_id)
 
     def save_hf(self, path: str) -> None:
         """HF export (collective)."""

@@ -96,8 +96,16 @@ class TrainBackend(Protocol):
         """Runs `num_steps_per_rollout` optimizer steps on `batch`; returns `train/*` metrics."""
         ...
 
-    def save(self, rollout_id: int) -> None:
-        """Writes a resumable checkpoint atomically (temp dir, then rename)."""
+    def save(self, rollout_id: int, *, commit: bool = True) -> None:
+        """Writes a resumable checkpoint atomically (temp dir, then rename).
+
+        `commit`: also name it in the `--save` folder's tracker, the point a resume starts from; False leaves that
+        to `commit_save`, so that the driver's own part of the checkpoint (`run_state_<id>.json`) is written before.
+        """
+        ...
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the checkpoint `save(rollout_id, commit=False)` wrote in the tracker (collective; rank 0 writes)."""
         ...
 
     def save_hf(self, path: str | pathlib.Path) -> None:

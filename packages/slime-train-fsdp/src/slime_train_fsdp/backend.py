@@ -46,6 +46,7 @@ from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
 from slime_train_fsdp.checkpoint import (
+    commit_checkpoint,
     load_checkpoint,
     load_reference,
     model_flags_of,
@@ -441,8 +442,11 @@ class FSDPTrainBackend:
         self.weights.hold("ref")
 
     # ------------------------------------------------------------ checkpoints
-    def save(self, rollout_id: int) -> None:
-        """Writes `{--save}/iter_{rollout_id+1:07d}` atomically (collective); see `checkpoint.py`."""
+    def save(self, rollout_id: int, *, commit: bool = True) -> None:
+        """Writes `{--save}/iter_{rollout_id+1:07d}` atomically (collective); see `checkpoint.py`.
+
+        `commit`: name it in the tracker (the resume point); False leaves that to `commit_save`.
+        """
         self._require_awake("save")
         save_dir = self.cfg.save
         if not save_dir:
@@ -458,9 +462,14 @@ class FSDPTrainBackend:
             model_flags=model_flags_of(self.cfg),
             # The reference follows the actor: a resume needs it (the initial weights are not it past an update).
             reference=self.weights.swapped("ref") if self.cfg.ref_update_interval and self.has_ref else None,
+            commit=commit,
         )
         if compiles_layers(self.cfg, self.device) and dist.get_rank() == 0:
             save_compile_cache(save_dir)
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the checkpoint `save(rollout_id, commit=False)` wrote in the tracker: the resume point (rank 0)."""
+        commit_checkpoint(self.cfg.save, rollout_id)
 
     def save_hf(self, path: str | pathlib.Path) -> None:
         """Exports an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained` (collective).

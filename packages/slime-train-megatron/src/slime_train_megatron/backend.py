@@ -45,6 +45,7 @@ from slime_core.weight_swap import WeightSwap
 from slime_train_megatron.attention import AttentionKind
 from slime_train_megatron.checkpoint import (
     check_load_shapes,
+    commit_checkpoint,
     is_megatron_checkpoint,
     load_checkpoint,
     load_reference,
@@ -365,8 +366,10 @@ class MegatronTrainBackend:
         self.weights.hold("ref")
 
     # ---------------------------------------------------------------- checkpoints and weights
-    def save(self, rollout_id: int) -> None:
+    def save(self, rollout_id: int, *, commit: bool = True) -> None:
         """Writes `<--save>/iter_{rollout_id:07d}` (model, optimizer, scheduler, RNG) atomically.
+
+        `commit`: name it in the tracker (the resume point); False leaves that to `commit_save`.
 
         Raises:
             ValueError: no `--save`.
@@ -377,7 +380,12 @@ class MegatronTrainBackend:
         # The reference follows the actor: a resume needs it (the initial weights are not it past an update).
         reference = self.weights.swapped("ref") if self.cfg.ref_update_interval and self.has_ref else None
         save_checkpoint(s.save, rollout_id, self.module, self.optimizer, self.scheduler, save_optim=not s.no_save_optim,
-                        reference=reference, make_vocab_size_divisible_by=s.make_vocab_size_divisible_by)  # fmt: skip
+                        reference=reference, make_vocab_size_divisible_by=s.make_vocab_size_divisible_by,
+                        commit=commit)  # fmt: skip
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the checkpoint `save(rollout_id, commit=False)` wrote in the tracker: the resume point (rank 0)."""
+        commit_checkpoint(self.settings.save, rollout_id)
 
     def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Buckets of full HF-named tensors (TP/EP gathered, PP broadcast; collective on every rank)."""
