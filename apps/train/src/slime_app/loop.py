@@ -339,7 +339,7 @@ class Run:
         """
         cfg = self.cfg
         self.eval_after_save.due = should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch)
-        with self._save_errors(rollout_id, "run-state save"):
+        with self._save_errors(rollout_id, "run-state save and commit"):
             save_run_state(cfg.save, rollout_id, {k: v.state() for k, v in self._state_keepers.items()})
             self.trainer.commit_save(rollout_id)
 
