@@ -258,8 +258,15 @@ class TrainActor:
         return self.backend.train_critic(rollout_id, batch)
 
     def save(self, rollout_id: int, commit: bool = True) -> None:
-        """Writes a resumable checkpoint; `commit`: also name it in the tracker (else `commit_save` does)."""
-        self.backend.save(rollout_id, commit=commit)
+        """Writes a resumable checkpoint; `commit`: also name it in the tracker (else `commit_save` does).
+
+        Only the actor's `TrainBackend.save` takes `commit`; a critic's checkpoint is always committed at once
+        (`slime_app.actor_critic.ActorCritic.save`), so its backend is called as `CriticBackend.save(rollout_id)`.
+        """
+        if commit:
+            self.backend.save(rollout_id)
+        else:
+            self.backend.save(rollout_id, commit=False)
 
     def commit_save(self, rollout_id: int) -> None:
         """Names the checkpoint of `rollout_id` in the tracker: the resume point (`TrainBackend.commit_save`)."""
