@@ -7,6 +7,7 @@ Importable as module `slime_app_loop_fakes` (registered by this folder's conftes
 import types
 
 from slime_app import loop, restore, rollout_schedule
+from slime_app.train_actor import TrainerStart
 
 __all__ = ["Actor", "BuildTrainer", "FakeRay", "Tracker", "Trainer", "patch_ray", "unbuilt_run"]
 
@@ -61,8 +62,11 @@ class Trainer:
         self.events.append(("train", rollout_id))
         return {"train/loss": 1.0}
 
-    def save(self, rollout_id):
-        self.events.append(("trainer.save", rollout_id))
+    def save(self, rollout_id, commit=True):
+        self.events.append(("trainer.save", rollout_id))  # `commit` False from the loop: `commit_save` follows
+
+    def commit_save(self, rollout_id):
+        self.events.append(("trainer.commit", rollout_id))
 
     def save_hf(self, path):
         self.events.append(("trainer.save_hf", path))
@@ -107,8 +111,11 @@ class Tracker:
 
 
 class BuildTrainer:
-    def __init__(self, events):
+    """The trainer group as `Run.build` calls it; its `init` reports `compile_layers_flag` (None: eager layers)."""
+
+    def __init__(self, events, compile_layers_flag=None):
         self.events = events
+        self.compile_layers_flag = compile_layers_flag
 
     def preload(self, cfg):
         self.events.append(("trainer.preload",))
@@ -121,7 +128,7 @@ class BuildTrainer:
 
     def init(self, cfg):
         self.events.append(("trainer.init",))
-        return 0
+        return TrainerStart(rollout_id=0, compile_layers_flag=self.compile_layers_flag)
 
 
 def unbuilt_run(monkeypatch, events, make_trainer):

@@ -9,6 +9,7 @@ import pytest
 
 from slime_app import cluster
 from slime_app.actor_critic import ActorCritic, critic_resume_step
+from slime_app.train_actor import TrainerStart
 from slime_core.checkpoint_dirs import critic_dirs
 from slime_core.config import SlimeArgs
 
@@ -29,7 +30,7 @@ class _Group:
 
     def init(self, cfg):
         self._log("init")
-        return 3 if self.role == "actor" else 2
+        return TrainerStart(rollout_id=3 if self.role == "actor" else 2, compile_layers_flag=None)
 
     def wake_up(self):
         self._log("wake_up")
@@ -47,8 +48,11 @@ class _Group:
         self._log("train", rollout_id, tuple(values))
         return {"train/loss": 1.0}
 
-    def save(self, rollout_id):
-        self._log("save", rollout_id)
+    def save(self, rollout_id, commit=True):
+        self._log("save", rollout_id, *([] if commit else ["uncommitted"]))
+
+    def commit_save(self, rollout_id):
+        self._log("commit_save", rollout_id)
 
     def update_weights(self, version, engine_urls=None):
         self._log("update_weights", version, *([engine_urls] if engine_urls else []))
@@ -63,7 +67,7 @@ def _pair(shared, **fields):
 
 def test_shared_gpus_alternate_and_the_actor_trains_on_the_critic_values(caplog):
     pair, events = _pair(shared=True)
-    assert pair.init(pair.cfg) == 3  # the actor's start; the differing critic's is logged
+    assert pair.init(pair.cfg).rollout_id == 3  # the actor's start; the differing critic's is logged
     assert "the critic resumes at rollout 2, the actor at 3" in caplog.text
     # Never both on the GPU: the actor sleeps while the critic is built; the critic sleeps after.
     assert events == [("actor", "init"), ("actor", "sleep"), ("critic", "init"), ("critic", "sleep")]
@@ -174,7 +178,7 @@ class _LoadingGroup(_Group):
 
     def init(self, cfg):
         self._log("init", cfg.ckpt_step)
-        return 0
+        return TrainerStart(rollout_id=0, compile_layers_flag=None)
 
 
 def _saves(root, actor, critic):

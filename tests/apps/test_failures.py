@@ -69,7 +69,7 @@ def test_run_save_raises_save_failed_from_the_trainers_error(tmp_path, monkeypat
     save = tmp_path / "ckpt"
 
     class Trainer:
-        def save(self, rollout_id):
+        def save(self, rollout_id, commit=True):
             raise _disk_full_from_rank_0()
 
     manager = types.SimpleNamespace(save=types.SimpleNamespace(remote=lambda rollout_id: ("cursor", rollout_id)))

@@ -43,10 +43,13 @@ def _run(monkeypatch, trainer=None, **fields):
 
 def test_sync_step_reads_rollout_train_save_sync_eval(monkeypatch):
     events, logged = _run(monkeypatch, save="/ckpt", save_interval=2, eval_interval=2)
+    # The tracker names a checkpoint (trainer.commit) once its run state is written: `Run._commit`.
     assert events == [
         ("got", 0), ("train", 0), ("update_weights", 1),
-        ("got", 1), ("train", 1), ("save", 1), ("trainer.save", 1), ("update_weights", 2), ("eval", 2),
-        ("got", 2), ("train", 2), ("save", 2), ("trainer.save", 2), ("update_weights", 3), ("eval", 3),
+        ("got", 1), ("train", 1), ("save", 1), ("trainer.save", 1), ("update_weights", 2), ("trainer.commit", 1),
+        ("eval", 2),
+        ("got", 2), ("train", 2), ("save", 2), ("trainer.save", 2), ("update_weights", 3), ("trainer.commit", 2),
+        ("eval", 3),
     ]  # fmt: skip
     assert {k for k in logged[1] if not k.startswith("goodput/")} == {
         "rollout/raw_reward", "train/loss", "perf/train_time", "perf/save_time", "perf/update_weights_time",
@@ -181,7 +184,7 @@ class _Killed(BaseException):
 
 
 def test_a_run_killed_during_an_hf_export_has_not_committed_that_rollouts_checkpoint(monkeypatch):
-    """The checkpoint's tracker (written by `trainer.save`) is the commit point of the export too.
+    """The checkpoint's tracker (written by `trainer.commit_save`) is the commit point of the export too.
 
     The export was written after it: a kill during the export of rollout 1 left iteration 1 committed, the resumed
     run started at rollout 2, and `--save-hf`'s rollout-1 folder (the final model, after the last rollout) was never
@@ -240,9 +243,13 @@ def test_two_saves_give_two_loadable_hf_exports_fsdp(monkeypatch, tmp_path, make
                 backend.model.get_parameter(norm).add_(rollout_id + 1.0)  # a stand-in for an optimizer step
             return {"train/loss": 1.0}
 
-        def save(self, rollout_id):
-            super().save(rollout_id)
-            backend.save(rollout_id)
+        def save(self, rollout_id, commit=True):
+            super().save(rollout_id, commit)
+            backend.save(rollout_id, commit=commit)
+
+        def commit_save(self, rollout_id):
+            super().commit_save(rollout_id)
+            backend.commit_save(rollout_id)
 
         def save_hf(self, path):
             super().save_hf(path)
@@ -304,6 +311,18 @@ def test_the_engines_phase_says_when_no_engine_starts(monkeypatch, fields, detai
     run.cfg, run.placement, run.tracker, run.progress = cfg, None, Tracker(), Progress()
     run.build()
     assert phases[0] == ("engines", detail)
+
+
+@pytest.mark.parametrize("reported", [None, "--megatron-compile-layers"])
+def test_build_keeps_what_the_trainer_s_init_reported_about_compiling_its_layers(monkeypatch, reported):
+    # The loop names the first step from this (`step`: "compile+train"), not from its own copy of a backend's rule.
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron"})
+    events = []
+    unbuilt_run(monkeypatch, events, lambda: BuildTrainer(events, compile_layers_flag=reported))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    run.cfg, run.placement, run.tracker = cfg, None, Tracker()
+    assert run.build() == 0
+    assert run.compile_layers_flag == reported
 
 
 class _HungSaveRay:

@@ -12,7 +12,7 @@ from slime_app_loop_fakes import Actor, BuildTrainer, FakeRay, Tracker, Trainer,
 
 from slime_app import loop
 from slime_app.run_state import run_state_path
-from slime_app.train_actor import TrainGroup
+from slime_app.train_actor import TrainerStart, TrainGroup
 from slime_core.config import SlimeArgs
 
 
@@ -26,7 +26,7 @@ class _ResumedTrainer(BuildTrainer):
     def init(self, cfg):
         super().init(cfg)
         self.cfg = cfg
-        return self.start
+        return TrainerStart(rollout_id=self.start, compile_layers_flag=None)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +67,7 @@ class _PinningGroup(TrainGroup):
     def _all(self, method, *args):
         if method == "init":
             self.rank_cfgs.append(args[0])
+            return [TrainerStart(rollout_id=0, compile_layers_flag=None)]
         return [0]
 
 
@@ -192,3 +193,66 @@ def test_a_finished_run_extended_from_its_last_checkpoint_evaluates_it_again(mon
     # Without eval in the extended run, none runs at its start either.
     quiet = {**common, "num_rollout": 6, "load": str(tmp_path), "eval_interval": None, "eval_prompt_data": None}
     assert not any("eval/demo" in m for m in _run_from(monkeypatch, SlimeArgs.from_dict(quiet), 3).values())
+
+
+class _Killed(BaseException):
+    """A SIGKILL of the driver at this point: nothing after it runs (not an Exception: no handler turns it into a
+    save error)."""
+
+
+class _TrackerTrainer(Trainer):
+    """Writes the tracker as the backends do (`latest_checkpointed_iteration.txt`: the last committed rollout id) and
+    is killed right after it names rollout `kill_after`."""
+
+    def __init__(self, events, root, kill_after):
+        super().__init__(events)
+        self.root, self.kill_after = root, kill_after
+
+    def save(self, rollout_id, commit=True):
+        super().save(rollout_id, commit)
+        if commit:
+            self.commit_save(rollout_id)
+
+    def commit_save(self, rollout_id):
+        (self.root / "latest_checkpointed_iteration.txt").write_text(str(rollout_id))
+        if rollout_id == self.kill_after:
+            raise _Killed
+
+
+@pytest.mark.parametrize("kill", ["after_the_run_state", "after_the_tracker"])
+def test_a_run_killed_between_its_run_state_and_tracker_writes_resumes_with_its_goodput(monkeypatch, tmp_path, kill):
+    # Issue 27: the trainer's save wrote the tracker and the loop wrote `run_state_<id>.json` after the weight sync:
+    # a SIGKILL in between left a checkpoint named by the tracker without its run state, and the resumed run
+    # restarted `goodput/cum/*` (and the instability baselines and the curve) from zero.
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    fields = {"rollout_batch_size": 1, "num_rollout": 4, "save": str(ckpt), "save_interval": 1}
+    events = []
+    patch_ray(monkeypatch, _TokenRay(events))
+    run = loop.Run.__new__(loop.Run)  # no Ray, no placement
+    cfg = SlimeArgs.from_dict(fields)
+    run.cfg, run.manager, run.tracker = cfg, Actor(events), Tracker()
+    run.tracker.start = lambda *args: None
+    run.trainer, run.last_hf_export = _TrackerTrainer(events, ckpt, kill_after=1), None
+    run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
+    run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
+    monkeypatch.setattr(run, "build", lambda: 0, raising=False)
+    real_save_run_state = loop.save_run_state
+    if kill == "after_the_run_state":  # the run state of rollout 1 is written; the kill comes before anything else
+
+        def save_then_die(root, rollout_id, parts):
+            real_save_run_state(root, rollout_id, parts)
+            if rollout_id == 1:
+                raise _Killed
+
+        monkeypatch.setattr(loop, "save_run_state", save_then_die)
+    with pytest.raises(_Killed):
+        run.run()
+    monkeypatch.setattr(loop, "save_run_state", real_save_run_state)
+    # The resume point is what the tracker names; its run state must be there, with the rollouts through it.
+    committed = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    assert run_state_path(ckpt, committed).is_file()
+    resumed = _run_from(monkeypatch, SlimeArgs.from_dict({**fields, "load": str(ckpt)}), committed + 1)
+    assert [resumed[r]["goodput/cum/tokens_generated"] for r in range(committed + 1, 4)] == [
+        10.0 * (r + 1) for r in range(committed + 1, 4)
+    ]

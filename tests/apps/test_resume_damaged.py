@@ -14,6 +14,7 @@ import ray.exceptions
 from slime_app import loop
 from slime_app.checkpoints import check_checkpoints
 from slime_app.guards import StartRefused
+from slime_app.train_actor import TrainerStart
 from slime_core.checkpoint_dirs import complete_iterations
 from slime_core.config import parse_args
 
@@ -117,7 +118,7 @@ def _build(monkeypatch, cfg, *, init, load=None):
             pass
 
         def init(self, cfg):
-            return init(cfg)
+            return TrainerStart(rollout_id=init(cfg), compile_layers_flag=None)
 
     manager = types.SimpleNamespace(start=types.SimpleNamespace(remote=lambda: []),
                                     load=types.SimpleNamespace(remote=load))  # fmt: skip

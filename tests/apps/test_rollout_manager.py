@@ -158,6 +158,33 @@ def test_a_reward_post_process_that_never_returns_fails_naming_it():
     )
 
 
+def one_list_post_process(args, samples):
+    return [s.reward for s in samples]
+
+
+def nan_post_process(args, samples):
+    return [1.0], [float("nan")]
+
+
+@pytest.mark.parametrize(("fn", "message"), [
+    ("one_list_post_process", "must return (raw_rewards, rewards), got list [1.0]"),
+    ("nan_post_process", "rewards of sample 0 is nan, not finite"),
+])  # fmt: skip
+def test_a_reward_post_process_returning_the_wrong_values_is_one_error_naming_it_and_the_rollout(fn, message):
+    # It runs in a worker thread: its "must return ..." error named the plugin but not the rollout (the deadline's
+    # and the other hooks' errors do).
+    from slime_app.rollout_manager import rollout_batches
+    from slime_core.config import PluginArgs
+    from slime_core.sample import Sample
+
+    path = f"{__name__}.{fn}"
+    cfg = parse_args([*BASE, "--custom-reward-post-process-path", path])
+    samples = [Sample(index=0, tokens=[1, 2], response_length=1, reward=1.0, loss_mask=[1])]
+    with pytest.raises(ValueError) as e:
+        rollout_batches(PluginArgs.from_config(cfg), samples, dp_size=1, rollout_id=4)
+    assert str(e.value) == f"--custom-reward-post-process-path {path} (rollout 4): {message}"
+
+
 POST_PROCESS_CALLS = []
 
 

@@ -400,3 +400,21 @@ def test_an_eval_only_run_in_the_folder_of_a_trained_run_writes_its_eval_as_its_
     fresh = Tracker(_args("--tensorboard-dir", str(tmp_path / "empty")), str(tmp_path))
     fresh.begin_eval_only()
     assert fresh.tensorboard_dir == str(tmp_path / "empty")
+
+
+def test_eval_only_runs_started_in_the_same_second_each_get_their_own_folder(tmp_path, monkeypatch):
+    # Before: both were named `eval_only_<second>`, so the second run's events went into the first one's folder.
+    from slime_app import tracking
+
+    monkeypatch.setattr(tracking.time, "strftime", lambda fmt: "20261207_120000")  # one start second for all
+    flags = ("--tensorboard-dir", str(tmp_path / "tb"))
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "events.out.tfevents.1.host").write_bytes(b"")  # an earlier training run's events
+    dirs = []
+    for _ in range(3):
+        run = Tracker(_args(*flags), str(tmp_path))
+        run.begin_eval_only()
+        dirs.append(run.tensorboard_dir)
+    names = ["eval_only_20261207_120000", "eval_only_20261207_120000_2", "eval_only_20261207_120000_3"]
+    assert dirs == [str(tmp_path / "tb" / n) for n in names]
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir() if p.is_dir()) == names  # in start order

@@ -194,3 +194,31 @@ def test_a_colocated_rank_starts_its_warm_up_gated_and_opens_the_gate_when_told(
     actor.release_compile_warm_up()
     actor.shutdown()
     assert events == ["start gated=True", "release", "stop"]
+
+
+def test_a_rank_saves_uncommitted_only_when_asked_so_a_critic_backend_keeps_its_signature():
+    # The PPO e2e run failed at its first save with "FSDPCriticBackend.save() got an unexpected keyword argument
+    # 'commit'": the critic group's save passed `commit=True` to a backend whose save takes the rollout id only.
+    from slime_app import train_actor as ta
+
+    calls = []
+
+    class CriticBackend:
+        def save(self, rollout_id):
+            calls.append(("critic", rollout_id))
+
+    class ActorBackend:
+        def save(self, rollout_id, *, commit=True):
+            calls.append(("actor", rollout_id, commit))
+
+        def commit_save(self, rollout_id):
+            calls.append(("actor commit", rollout_id))
+
+    rank = ta.TrainActor(world_size=1, rank=0, master_addr="127.0.0.1", master_port=1)
+    rank.backend = CriticBackend()
+    rank.save(3)
+    rank.backend = ActorBackend()
+    rank.save(3, False)
+    rank.commit_save(3)
+    rank.save(4)
+    assert calls == [("critic", 3), ("actor", 3, False), ("actor commit", 3), ("actor", 4, True)]

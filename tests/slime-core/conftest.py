@@ -1,6 +1,21 @@
-"""Fixtures of the slime-core tests."""
+"""Fixtures of the slime-core tests.
+
+`_objective_args.py` (the objective tests' run config) is importable as module `slime_core_objective_args`:
+registered here, before any test module is imported (pytest runs with `--import-mode=importlib`, so this folder is
+not on `sys.path`).
+"""
+
+import importlib.util
+import pathlib
+import sys
 
 import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "slime_core_objective_args", pathlib.Path(__file__).with_name("_objective_args.py")
+)
+sys.modules["slime_core_objective_args"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sys.modules["slime_core_objective_args"])
 
 
 @pytest.fixture

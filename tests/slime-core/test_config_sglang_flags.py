@@ -2,7 +2,7 @@
 
 import pytest
 
-from slime_core.config import ConfigError, SlimeArgs, parse_args, validation
+from slime_core.config import ConfigError, PluginArgs, SlimeArgs, parse_args, validation
 from slime_core.config import base as config_base
 from slime_core.config.sglang_flags import managed_sglang_field
 
@@ -112,3 +112,35 @@ def test_one_engine_field_given_twice_with_different_values_is_refused():
         SlimeArgs.from_dict(
             {"rollout_batch_size": 4, "num_rollout": 1, "sglang_args": {"dp_size": "2", "dp-size": "4"}}
         )
+
+
+def test_a_config_files_numeric_and_boolean_engine_values_are_taken_as_the_command_line_gives_them(tmp_path):
+    # Before: `dp-size: 2` (a YAML int) was a three-part pydantic error ("Input should be a valid string ... boolean
+    # ... list"); the CLI's `--sglang-dp-size 2` holds the text "2", which the launcher renders as `--dp-size 2`.
+    yaml = "  dp-size: 2\n  enable-dp-attention: true\n  mem-fraction-static: 0.85\n  cuda-graph-bs: [1, 2, 4]\n"
+    args = parse_args(_config_file_args(tmp_path, yaml))
+    assert args.sglang_args == {"dp_size": "2", "enable_dp_attention": True, "mem_fraction_static": "0.85",
+                                "cuda_graph_bs": ["1", "2", "4"]}  # fmt: skip
+    plugin_args = PluginArgs.from_config(args)
+    assert plugin_args.sglang_dp_size == 2 and plugin_args.sglang_mem_fraction_static == 0.85  # numbers, as SGLang's
+    with pytest.raises(ConfigError, match="--sglang-dp-size > 1 requires --sglang-enable-dp-attention"):
+        parse_args(_config_file_args(tmp_path, "  dp-size: 2\n"))  # validated as the CLI's value is
+
+
+@pytest.mark.parametrize(("yaml", "shown"), [
+    ("  json-model-override-args: {a: 1}\n", "--sglang-json-model-override-args: dict {'a': 1}"),
+    ("  sglang-log-level:\n", "--sglang-log-level: NoneType None"),
+])  # fmt: skip
+def test_an_engine_value_of_another_type_is_one_line_naming_the_key_and_the_types_taken(tmp_path, yaml, shown):
+    with pytest.raises(ConfigError) as e:
+        parse_args(_config_file_args(tmp_path, yaml))
+    assert str(e.value) == (
+        f"{shown} is not a flag value; give a number, a string, true/false (a switch) or a list of numbers/strings "
+        f"(several values), as on the command line [{tmp_path / 'run.yaml'}:3]"
+    )
+
+
+def test_a_config_files_numeric_router_values_are_taken_as_text(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("rollout_batch_size: 4\nnum_rollout: 1\nrouter_args:\n  balance-abs-threshold: 32\n")
+    assert parse_args(["--config", str(path)]).router_args == {"balance-abs-threshold": "32"}

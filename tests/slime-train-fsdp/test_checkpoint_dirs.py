@@ -294,3 +294,22 @@ def test_another_schedule_of_the_critic_is_refused_as_such_not_as_a_damaged_chec
         "(--lr 0.002 here vs 0.001 saved)"
     )
     assert "damaged" not in str(e.value)
+
+
+def test_an_uncommitted_save_leaves_the_tracker_until_commit_checkpoint_names_it(tmp_path, one_rank):
+    # The driver writes its run state between the two (slime_app.loop.Run._commit): a run killed in between resumes
+    # from the checkpoint the tracker still names, whose run state is there.
+    from slime_core.checkpoint_dirs import tracker_step
+    from slime_train_fsdp.checkpoint import commit_checkpoint
+
+    root = tmp_path / "save"
+    _save(root, 0)
+    assert tracker_step(root) == 1  # committed by default: rollout 0 resumes at iteration 1
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    final = save_checkpoint(root, rollout_id=1, global_step=2, model=model, optimizer=optimizer, scheduler=scheduler,
+                            commit=False)  # fmt: skip
+    assert final.name == "iter_0000002" and final.is_dir() and tracker_step(root) == 1
+    commit_checkpoint(root, 1)
+    assert tracker_step(root) == 2

@@ -93,7 +93,11 @@ def test_init_logprobs_train_export_save_resume(cpu_backend_env, tiny_hf, tmp_pa
         flat["model.layers.0.self_attn.q_proj.weight"], hf_model.state_dict()["model.layers.0.self_attn.q_proj.weight"]
     )
 
-    backend.save(0)
+    # Written, then named in the tracker by `commit_save` (the driver writes its run state in between).
+    backend.save(0, commit=False)
+    assert (tmp_path / "save" / "iter_0000000").is_dir()
+    assert not (tmp_path / "save" / "latest_checkpointed_iteration.txt").exists()
+    backend.commit_save(0)
     assert (tmp_path / "save" / "latest_checkpointed_iteration.txt").read_text() == "0"
     resumed = cpu_backend_env.MegatronTrainBackend()
     args = args.model_copy(update={"megatron_args": [*args.megatron_args, "--load", str(tmp_path / "save")]})

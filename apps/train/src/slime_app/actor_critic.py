@@ -23,7 +23,7 @@ import time
 import ray
 
 from slime_app.cluster import Placement
-from slime_app.train_actor import TrainGroup, pin_load_step
+from slime_app.train_actor import TrainerStart, TrainGroup, pin_load_step
 from slime_core.checkpoint_dirs import complete_iterations, critic_dir, iteration_name, pinned_iteration, save_root
 from slime_core.config import SlimeArgs
 
@@ -163,8 +163,8 @@ class ActorCritic:
         self._release_critic()
 
     # ------------------------------------------------------------------ lifecycle
-    def init(self, cfg: SlimeArgs) -> int:
-        """Initializes both groups; returns the actor's start rollout id (a differing critic's is logged).
+    def init(self, cfg: SlimeArgs) -> TrainerStart:
+        """Initializes both groups; returns the actor's `TrainerStart` (a differing critic's start id is logged).
 
         On shared GPUs the actor sleeps while the critic is built, so the two models never hold the accelerator
         at once (as the original's offloaded PPO initialization). A resumed critic loads the actor's iteration
@@ -181,12 +181,12 @@ class ActorCritic:
         # Paired: the actor's iteration, whatever the critic's tracker says. Another run's --critic-load (or no
         # critic checkpoint): the run config as given (a --ckpt-step given reaches both, as the original's).
         critic_start = self.critic.init(cfg if step is None else cfg.model_copy(update={"ckpt_step": step}))
-        if critic_start != start:
+        if critic_start.rollout_id != start.rollout_id:
             logger.warning(
                 "the critic resumes at rollout %d, the actor at %d; continuing from the actor's (is the critic "
                 "checkpoint in --critic-load / <--load>/critic from the same run?)",
-                critic_start,
-                start,
+                critic_start.rollout_id,
+                start.rollout_id,
             )
         self._release_critic()
         return start
@@ -229,13 +229,21 @@ class ActorCritic:
             rollout_id, critic_metrics.get("train/critic-return_mean", float("nan")), self.num_undefined_ev,
         )  # fmt: skip
 
-    def save(self, rollout_id: int) -> None:
-        """The critic's checkpoint, then the actor's (whose tracker commits the resume point)."""
+    def save(self, rollout_id: int, commit: bool = True) -> None:
+        """The critic's checkpoint, then the actor's, whose tracker commits the resume point of both.
+
+        With `commit` False, `commit_save` writes that tracker; the critic's own is written at once (the critic
+        resumes at the actor's iteration: `critic_resume_step`).
+        """
         self._use_critic()
         self.critic.save(rollout_id)
         self._release_critic()
         self._use_actor()
-        self.actor.save(rollout_id)
+        self.actor.save(rollout_id, commit)
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the actor's checkpoint of `rollout_id` in its tracker: the resume point of both."""
+        self.actor.commit_save(rollout_id)
 
     def save_hf(self, path: str) -> None:
         """HF export of the actor (the policy)."""

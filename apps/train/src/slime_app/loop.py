@@ -40,7 +40,6 @@ from slime_app.save_schedule import hf_export_path, should_run
 from slime_app.tracking import Tracker
 from slime_core.config import SlimeArgs
 from slime_core.config.validation_fully_async import is_fully_async
-from slime_core.extensions import train_backend_spec
 from slime_rollout.runtime.deadlines import DeadlineExceeded
 
 logger = logging.getLogger(__name__)
@@ -78,6 +77,9 @@ class Run:
     train_end: float | None = None  # when the trainer last finished a train call (`run` sets it at start-up)
     watch: ActorWatch | None = None  # None in tests that build a `Run` by hand: plain `ray.get`s
     manager_watched: Watched | None = None  # the rollout manager's process, watched by every wait on it
+    # The flag under which the trainer compiled its layers (their first step compiles), as its `init` reported it
+    # (`TrainerStart.compile_layers_flag`); None: eager, or no trainer.
+    compile_layers_flag: str | None = None
 
     def __init__(self, cfg: SlimeArgs):
         self.cfg = cfg
@@ -106,49 +108,6 @@ class Run:
             if self.reaper is not None:
                 self.reaper.sweep()  # and what an interrupted ray.init left (its agents, orphaned)
             raise
-
-    @property
-    def _uses_cuda(self) -> bool:
-        placement = getattr(self, "placement", None)
-        return bool(placement is not None and placement.use_gpu)
-
-    @property
-    def _compiles_by_default(self) -> bool:
-        """Whether layers compile with `--fsdp-compile-layers` unset (as `model_loading.compiles_layers`).
-
-        On GPUs, except with `--lora-rank` or `--true-on-policy-mode`.
-        """
-        return self._uses_cuda and not self.cfg.lora_rank and not self.cfg.true_on_policy_mode
-
-    @property
-    def _compile_layers_flag(self) -> str | None:
-        """The flag that makes the layers compile at their first forward in this run; None when they run eagerly.
-
-        FSDP: `--fsdp-compile-layers`, unset meaning `_compiles_by_default` (`slime_train_fsdp.model_loading`);
-        Megatron: `--megatron-compile-layers` / `--no-...` (the last one given), unset meaning on with CUDA at
-        TP = CP = 1 without `--attention-backend local` (`slime_train_megatron.settings.compiles_layers`, whose
-        Transformer Engine and MoE exceptions only the workers can judge: such a first step is still named
-        "compile+train").
-        """
-        cfg = self.cfg
-        spec = train_backend_spec(cfg)
-        if not spec.compiles_layers:
-            return None
-        if spec.megatron_native:  # a Megatron flag, passed through in --megatron-args' tokens
-            flags = ("--megatron-compile-layers", "--no-megatron-compile-layers")
-            given = [t == flags[0] for t in cfg.megatron_args if t in flags]
-            if given:
-                on = given[-1]
-            else:
-                on = (
-                    self._uses_cuda
-                    and cfg.tensor_model_parallel_size == 1
-                    and cfg.context_parallel_size == 1
-                    and cfg.megatron_flag("--attention-backend") != "local"
-                )
-            return "--megatron-compile-layers" if on else None
-        on = cfg.fsdp_compile_layers if cfg.fsdp_compile_layers is not None else self._compiles_by_default
-        return "--fsdp-compile-layers" if on else None
 
     def _phase(self, name: str, rollout_id: int | None = None, detail: str = "") -> contextlib.AbstractContextManager:
         """`RunProgress.phase`, or nothing when the run has no display."""
@@ -206,7 +165,8 @@ class Run:
         if self.trainer is not None:
             with self._phase("model load", detail=f"--train-backend {cfg.train_backend}"):
                 with refused_input("the trainer ranks did not start"):
-                    start = self.trainer.init(cfg)  # the actor pins --load's iteration (pin_load_step)
+                    started = self.trainer.init(cfg)  # the actor pins --load's iteration (pin_load_step)
+            start, self.compile_layers_flag = started.rollout_id, started.compile_layers_flag
             if start > 0 and cfg.load:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
         if cfg.start_rollout_id is not None:
@@ -303,8 +263,8 @@ class Run:
         """Whether a run resumed from `--load` at `start` evaluates the loaded weights before its first step.
 
         When the eval after rollout `start - 1` was due (`--eval-interval`, an epoch's end, the last rollout): it runs
-        after that rollout's save, so a run stopped in between (its weight sync or the eval itself) committed the
-        checkpoint without it, and the resumed run went on to the next one: no `eval/*` point for the checkpoint
+        after that rollout's commit (`_commit`), so a run stopped during the eval committed the checkpoint
+        without it, and the resumed run went on to the next one: no `eval/*` point for the checkpoint
         (the original's train.py too). Run again where the stopped run had logged it, it repeats the same point (the
         same weights, the same sampling seeds; the run state saved with the checkpoint holds none of it). Not with
         `--start-rollout-id`, whose weights are not that rollout's.
@@ -325,7 +285,7 @@ class Run:
             batch_refs, metrics = self.rollouts.take(rollout_id)
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         if not cfg.debug_rollout_only:
-            flag = self._compile_layers_flag if rollout_id == self.start_rollout_id else None
+            flag = self.compile_layers_flag if rollout_id == self.start_rollout_id else None
             phase = ("compile+train", f"{flag}: the first step compiles") if flag else ("train", "")
             with self._phase(phase[0], rollout_id, phase[1]):
                 metrics.update(self.train(rollout_id, batch_refs))
@@ -333,6 +293,7 @@ class Run:
             # epoch's end, the last rollout), and the last rollout also exports without --save. The export comes
             # first: the checkpoint's tracker commits both, so a run killed during the export resumes before this
             # rollout and exports it again (after the tracker, the resumed run started past it: never exported).
+            # The tracker is written last, after the run state (`_commit`).
             if self._saves_after(rollout_id) or rollout_id == cfg.num_rollout - 1:
                 if cfg.save_hf:
                     with self._phase("save", rollout_id, "--save-hf"):
@@ -356,11 +317,7 @@ class Run:
             self.tracker.log(rollout_id + 1, sync)
         self.tracker.rollout_done(rollout_id, metrics)
         if not cfg.debug_rollout_only and self._saves_after(rollout_id):
-            # Its checkpoint is committed and the rollout accounted. The eval after it is not in this state: a resume
-            # runs it again (`_eval_due_at_resume`), so its point is in the curve and the rules once.
-            self.eval_after_save.due = should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch)
-            with self._save_errors(rollout_id, "run-state save"):
-                save_run_state(cfg.save, rollout_id, {k: v.state() for k, v in self._state_keepers.items()})
+            self._commit(rollout_id)
         # The actor's first step: after the critic-only warm-up (the weights are still the synced ones then).
         first_actor_step = max(self.start_rollout_id, cfg.num_critic_only_steps if cfg.use_critic else 0)
         if rollout_id == first_actor_step and not cfg.debug_rollout_only:
@@ -369,6 +326,24 @@ class Run:
         if should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch):  # None: never
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
+
+    def _commit(self, rollout_id: int) -> None:
+        """Writes the run state of the saved `rollout_id`, then names its checkpoint in the tracker (the resume point).
+
+        In this order, a run stopped between the two (SIGKILL) resumes from the checkpoint before, whose run state is
+        there; the tracker written first (in the trainer's save) left a checkpoint without it, and the resumed run
+        restarted `goodput/cum/*`, the instability baselines and the curve from zero. The rollout is accounted by
+        now. The eval after it is not in this state: a resume runs it again (`_eval_due_at_resume`), so its point is
+        in the curve and the rules once.
+
+        Raises:
+            SaveFailed: either write failed (one line: `slime_app.failures`).
+        """
+        cfg = self.cfg
+        self.eval_after_save.due = should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch)
+        with self._save_errors(rollout_id, "run-state save and commit"):
+            save_run_state(cfg.save, rollout_id, {k: v.state() for k, v in self._state_keepers.items()})
+            self.trainer.commit_save(rollout_id)
 
     def _stop_on(self, findings: list) -> None:
         if findings and self.cfg.stop_on_instability:
@@ -442,6 +417,8 @@ class Run:
     def save(self, rollout_id: int) -> float:
         """Writes the checkpoint of `rollout_id` (data cursor, then trainer); returns the seconds it took.
 
+        Not yet named in the tracker: `step` commits it once the run state is written too (`_commit`).
+
         Raises:
             SaveFailed: a rank or the rollout manager could not write it (one line: `slime_app.failures`).
         """
@@ -450,7 +427,7 @@ class Run:
             # Data cursor first: the trainer's checkpoint tracker is the commit point of a resume.
             if self._cursor_saved != rollout_id:  # `--async` saved it before the next rollout drew its prompts
                 self._save_rollout_state(rollout_id)
-            self.trainer.save(rollout_id)
+            self.trainer.save(rollout_id, commit=False)
         return time.perf_counter() - t0
 
     def _save_rollout_state(self, rollout_id: int) -> None:

@@ -2,8 +2,9 @@
 
 Phases, in the order a run meets them: `ray` (the local node and the placement group), `engines` (engine
 processes up and healthy), `model load` (trainer ranks built, weights read), `weight sync` (a push into the engines),
-then per step `rollout`, `train` (`compile+train` for the first step when `--fsdp-compile-layers` compiles the
-decoder layers at their first forward), `save`, `weight sync`, and `eval`.
+then per step `rollout`, `train` (`compile+train` for the first step when the trainer compiled the decoder
+layers, which compile at their first forward: `--fsdp-compile-layers` / `--megatron-compile-layers`, as its `init`
+reported), `save`, `weight sync`, and `eval`.
 
 In a terminal, one rich line shows the current phase with its own timer next to the rollout bar (m/n, elapsed,
 remaining), live from the first phase on. Without a terminal (a log file, CI, `ray job submit`) nothing is redrawn:

@@ -77,7 +77,10 @@ def rollout_batches(
         return build_rollout_batches(args, samples, dp_size=dp_size, vocab_size=vocab), {}
     ordered = sorted_by_index(samples)  # the order build_rollout_batches trains in
     what = f"--custom-reward-post-process-path {path} (rollout {rollout_id})"
-    rewards = call_plugin_with_deadline_sync(postprocess_rewards, args, ordered, what=what, **plugin_bounds(args))
+    # `source`: its return checks name the rollout as the deadline does (they run in a worker thread).
+    rewards = call_plugin_with_deadline_sync(
+        postprocess_rewards, args, ordered, source=what, what=what, **plugin_bounds(args)
+    )
     metrics = {"rollout/rewards": statistics.fmean(rewards[1])}
     batches = build_rollout_batches(args, ordered, dp_size=dp_size, rewards=rewards, vocab_size=vocab)
     return batches, metrics

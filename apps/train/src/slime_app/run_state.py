@@ -3,7 +3,8 @@
 `<--save>/rollout/run_state_<rollout_id>.json`, beside the data cursor, holds `GoodputMeter.state()` (the totals of
 `goodput/cum/*`), `InstabilityMonitor.state()` (the rules' baselines and windows), `Tracker.state()` (the points
 of the reward/eval curve PNG) through that rollout and `EvalAfterSave.state()` (the eval after it was due).
-The loop writes it once the rollout's checkpoint is committed and its metrics are accounted; a run resumed at
+The loop writes it once the rollout's checkpoint is written and its metrics are accounted, and only then names
+the checkpoint in the tracker (`Run._commit`), so a checkpoint a resume starts from always has it; a run resumed at
 rollout S reads `run_state_<S-1>.json` from `--load`. Without it the cumulative curves restarted from zero at every
 resume and the instability rules re-based themselves on the resumed rollouts.
 """
@@ -43,9 +44,9 @@ def save_run_state(root: str | os.PathLike[str], rollout_id: int, parts: dict[st
 def load_run_state(root: str | os.PathLike[str], rollout_id: int, keepers: dict[str, Any]) -> list[str]:
     """Restores each keeper (`name -> object with restore(state)`) from the state saved for `rollout_id`.
 
-    A checkpoint without the file (written by the original or an older version, or a run stopped between its
-    checkpoint and this file), an unreadable file or a part a keeper cannot take leaves that keeper as it is, said in
-    one warning naming the file: its metrics then count from this run's start.
+    A checkpoint without the file (written by the original, or by an older version, which wrote it after the
+    tracker: a run stopped between the two), an unreadable file or a part a keeper cannot take leaves that keeper as
+    it is, said in one warning naming the file: its metrics then count from this run's start.
 
     Returns:
         The names of the keepers restored.

@@ -155,6 +155,26 @@ def wandb_key_source(cfg: SlimeArgs) -> str | None:
     return f"{path} ({machine})" if entry and entry[2] else None
 
 
+def _claim_folder(parent: str, stem: str) -> str:
+    """Creates and returns `<parent>/<stem>`, or `<stem>_2`, `<stem>_3`, ... when another run took that name.
+
+    The folder is made here (`os.mkdir`, which fails for the second of two processes) so that two runs that pick the
+    same stem (eval-only runs started in the same second) never share one folder: they shared one when it was named
+    by the second alone, and TensorBoard then mixed their events into one run. The names still sort by start time.
+
+    Raises:
+        OSError: `parent` cannot be written.
+    """
+    for n in range(1, 10_000):
+        path = os.path.join(parent, stem if n == 1 else f"{stem}_{n}")
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"{parent}: {stem} and its numbered variants up to _9999 all exist")
+
+
 class Tracker:
     """Collects metrics per rollout step and writes them to TensorBoard / W&B.
 
@@ -245,13 +265,14 @@ class Tracker:
         `eval/*` point at step 0 of that run (and a purge from step 0, as `begin_at(0)` does for a new training run,
         would hide the whole earlier run). The original writes every run into a new timestamped folder unless
         `TENSORBOARD_DIR` is set; so here the eval goes to the subfolder `eval_only_<YYYYmmdd_HHMMSS>`, which
-        TensorBoard lists as its own run. An empty folder is used as it is. Call before the first `log`.
+        TensorBoard lists as its own run (`_claim_folder`: `..._2`, `..._3` for runs started in the same second).
+        An empty folder is used as it is. Call before the first `log`.
         """
         if self.tensorboard_dir is None:
             return
         if not glob.glob(os.path.join(glob.escape(self.tensorboard_dir), "events.out.tfevents.*")):
             return
-        own = os.path.join(self.tensorboard_dir, "eval_only_" + time.strftime("%Y%m%d_%H%M%S"))
+        own = _claim_folder(self.tensorboard_dir, "eval_only_" + time.strftime("%Y%m%d_%H%M%S"))
         logger.info(
             "TensorBoard: %s holds an earlier run's events; this eval-only run writes to %s (its own run there)",
             self.tensorboard_dir, own,

@@ -9,6 +9,7 @@ of its own).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
@@ -70,6 +71,25 @@ _DETERMINISTIC_ENV = {
     "NCCL_ALGO": "Ring",
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
 }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrainerStart:
+    """What a trainer's `init` reports to the driver.
+
+    Example:
+        `TrainerStart(rollout_id=3, compile_layers_flag="--fsdp-compile-layers")`: resumed at rollout 3, and the
+        first step compiles the decoder layers.
+
+    Attributes:
+        rollout_id: the rollout id to start from (`--load`'s next rollout; 0 without a checkpoint).
+        compile_layers_flag: the flag under which the backend compiled the decoder layers in `init` (they compile at
+            the first forward), None when they run eagerly: the value the backend used
+            (`slime_core.protocols.TrainBackend.compile_layers_flag`); None for a critic group.
+    """
+
+    rollout_id: int
+    compile_layers_flag: str | None
 
 
 class TrainActor:
@@ -141,10 +161,13 @@ class TrainActor:
         """Address of rank 0's rendezvous (given to the other ranks)."""
         return self.master_addr, self.master_port
 
-    def init(self, cfg: SlimeArgs, role: str = "actor") -> int:
-        """Joins the process group, builds the role's backend and loads its checkpoint; returns the start rollout id.
+    def init(self, cfg: SlimeArgs, role: str = "actor") -> TrainerStart:
+        """Joins the process group, builds the role's backend and loads its checkpoint.
 
         The critic's backend gets the critic's config (`slime_core.critic.critic_config`).
+
+        Returns:
+            The start rollout id, and (the actor) whether the backend compiled its layers (`TrainerStart`).
         """
         import torch
         import torch.distributed as dist
@@ -175,9 +198,10 @@ class TrainActor:
             from slime_core.critic import critic_config
 
             self.backend = make_critic_backend(cfg)
-            return int(self.backend.init(critic_config(cfg)))
+            return TrainerStart(rollout_id=int(self.backend.init(critic_config(cfg))), compile_layers_flag=None)
         self.backend = make_backend(cfg)
-        return int(self.backend.init(cfg, with_ref=cfg.with_ref))
+        start = int(self.backend.init(cfg, with_ref=cfg.with_ref))
+        return TrainerStart(rollout_id=start, compile_layers_flag=self.backend.compile_layers_flag)
 
     def data_parallel_rank(self) -> int:
         """This rank's data-parallel rank: which of the rollout's per-DP-rank batches it trains on."""
@@ -233,9 +257,20 @@ class TrainActor:
         """The critic's step on this rank's batch: `(train/critic-* metrics, values before the update)`."""
         return self.backend.train_critic(rollout_id, batch)
 
-    def save(self, rollout_id: int) -> None:
-        """Writes a resumable checkpoint."""
-        self.backend.save(rollout_id)
+    def save(self, rollout_id: int, commit: bool = True) -> None:
+        """Writes a resumable checkpoint; `commit`: also name it in the tracker (else `commit_save` does).
+
+        Only the actor's `TrainBackend.save` takes `commit`; a critic's checkpoint is always committed at once
+        (`slime_app.actor_critic.ActorCritic.save`), so its backend is called as `CriticBackend.save(rollout_id)`.
+        """
+        if commit:
+            self.backend.save(rollout_id)
+        else:
+            self.backend.save(rollout_id, commit=False)
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the checkpoint of `rollout_id` in the tracker: the resume point (`TrainBackend.commit_save`)."""
+        self.backend.commit_save(rollout_id)
 
     def save_hf(self, path: str) -> None:
         """Exports Hugging Face safetensors (collective; rank 0 writes)."""
@@ -365,8 +400,8 @@ class TrainGroup:
     def _all(self, method: str, *args: Any) -> list[Any]:
         return self._get([getattr(a, method).remote(*args) for a in self.actors], f"{method} call")
 
-    def init(self, cfg: SlimeArgs) -> int:
-        """Initializes every rank with the run config; returns the start rollout id (after `--load`).
+    def init(self, cfg: SlimeArgs) -> TrainerStart:
+        """Initializes every rank with the run config; returns rank 0's `TrainerStart` (start id after `--load`).
 
         The actor's ranks load the iteration `--load`'s tracker names now (`pin_load_step`); the critic's get `cfg`
         as given (`slime_app.actor_critic.ActorCritic.init` pins a paired critic).
@@ -418,9 +453,13 @@ class TrainGroup:
             values.setdefault(r, rank_values)  # model-parallel ranks of one DP group hold the same values
         return results[0][0], [values[r] for r in range(len(values))]
 
-    def save(self, rollout_id: int) -> None:
-        """Checkpoint on every rank."""
-        self._all("save", rollout_id)
+    def save(self, rollout_id: int, commit: bool = True) -> None:
+        """Checkpoint on every rank; `commit`: also name it in the tracker (else `commit_save` does)."""
+        self._all("save", rollout_id, commit)
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the checkpoint of `rollout_id` in the tracker (rank 0 writes): the point a resume starts from."""
+        self._all("commit_save", rollout_id)
 
     def save_hf(self, path: str) -> None:
         """HF export (collective)."""

@@ -70,8 +70,6 @@ class TrainBackendSpec(Entry):
         optimizers: the `--optimizer` values it implements (validation refuses any other in one line).
         supports_fp16: trains in float16 with loss scaling (`--fp16`); otherwise `--fp16` is refused.
         supports_multimodal: trains vision-language models (`--multimodal-keys`, `--freeze-vision-tower`).
-        compiles_layers: may compile layers at the first forward (`--fsdp-compile-layers`,
-            `--megatron-compile-layers`; the progress display names the first step accordingly).
         supports_routing_replay: replays MoE routes (`--use-routing-replay`, `--use-rollout-routing-replay`).
         supports_true_on_policy: reproduces SGLang's log-probs bit for bit (`--true-on-policy-mode`).
         supports_opd_teacher: holds an on-policy-distillation teacher's weights (`--opd-teacher-load`) and scores
@@ -90,7 +88,6 @@ class TrainBackendSpec(Entry):
     lr_decay_styles: tuple[str, ...] = ("constant", "linear", "cosine")
     optimizers: tuple[str, ...] = ("adam",)
     supports_fp16: bool = False
-    compiles_layers: bool = False
     supports_multimodal: bool = False
     supports_routing_replay: bool = False
     supports_true_on_policy: bool = False

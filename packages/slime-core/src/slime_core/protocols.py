@@ -66,7 +66,14 @@ class TrainBackend(Protocol):
 
     `train` runs the shared RL step (`slime_core.train_step.train_on_rollout`); the backend supplies its
     forward passes, collectives and optimizer.
+
+    Attributes:
+        compile_layers_flag: set by `init`: the flag under which it compiled the decoder layers (they compile at
+            the first forward, e.g. "--fsdp-compile-layers"), None when they run eagerly. The value `init` used,
+            so the driver names the first step from it instead of restating the backend's rule.
     """
+
+    compile_layers_flag: str | None
 
     @staticmethod
     def start_compile_warm_up(cfg: SlimeArgs, gated: bool = False) -> CompileWarmUp | None:
@@ -89,8 +96,16 @@ class TrainBackend(Protocol):
         """Runs `num_steps_per_rollout` optimizer steps on `batch`; returns `train/*` metrics."""
         ...
 
-    def save(self, rollout_id: int) -> None:
-        """Writes a resumable checkpoint atomically (temp dir, then rename)."""
+    def save(self, rollout_id: int, *, commit: bool = True) -> None:
+        """Writes a resumable checkpoint atomically (temp dir, then rename).
+
+        `commit`: also name it in the `--save` folder's tracker, the point a resume starts from; False leaves that
+        to `commit_save`, so that the driver's own part of the checkpoint (`run_state_<id>.json`) is written before.
+        """
+        ...
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the checkpoint `save(rollout_id, commit=False)` wrote in the tracker (collective; rank 0 writes)."""
         ...
 
     def save_hf(self, path: str | pathlib.Path) -> None:

@@ -104,7 +104,9 @@ def _leave_one_out(raw: np.ndarray, groups: list[list[int]], samples: Sequence[S
     return [float(x) for x in out]
 
 
-def postprocess_rewards(cfg: SlimeArgs, samples: Sequence[Sample]) -> tuple[list[float], list[float]]:
+def postprocess_rewards(
+    cfg: SlimeArgs, samples: Sequence[Sample], *, source: str | None = None
+) -> tuple[list[float], list[float]]:
     """Raw and normalized scalar rewards of a rollout's samples.
 
     With `--custom-reward-post-process-path` the user function `fn(args, samples) -> (raw_rewards,
@@ -130,6 +132,8 @@ def postprocess_rewards(cfg: SlimeArgs, samples: Sequence[Sample]) -> tuple[list
             `disable_rewards_normalization`, `disable_grpo_std_normalization`,
             `custom_reward_post_process_path` (the plugin receives `cfg` as `args`).
         samples: the rollout's samples.
+        source: how the custom function's errors name it; None: `--custom-reward-post-process-path <path>` (the
+            rollout manager adds the rollout id: it runs in a worker thread, so no traceback line says which).
 
     Returns:
         `(raw_rewards, rewards)`, two lists of N floats.
@@ -143,7 +147,7 @@ def postprocess_rewards(cfg: SlimeArgs, samples: Sequence[Sample]) -> tuple[list
     """
     custom_path = cfg.custom_reward_post_process_path
     if custom_path:
-        return _custom_postprocess(cfg, custom_path, samples)
+        return _custom_postprocess(cfg, custom_path, samples, source)
     raw = [s.get_reward_value(cfg.reward_key) for s in samples]
     for s, r in zip(samples, raw, strict=True):
         if not math.isfinite(r):
@@ -164,7 +168,9 @@ def postprocess_rewards(cfg: SlimeArgs, samples: Sequence[Sample]) -> tuple[list
     return raw, [float(x) for x in out]
 
 
-def _custom_postprocess(cfg: SlimeArgs, custom_path: str, samples: Sequence[Sample]) -> tuple[list[float], list[float]]:
+def _custom_postprocess(
+    cfg: SlimeArgs, custom_path: str, samples: Sequence[Sample], source: str | None
+) -> tuple[list[float], list[float]]:
     """Calls `--custom-reward-post-process-path` and checks its two lists: N finite numbers each.
 
     A NaN or infinity from it went into the advantages and the loss (the built-in path refuses such rewards); a
@@ -176,9 +182,9 @@ def _custom_postprocess(cfg: SlimeArgs, custom_path: str, samples: Sequence[Samp
     """
     fn = load_function(custom_path, flag="--custom-reward-post-process-path")
     out = fn(cfg, list(samples))
-    where = f"--custom-reward-post-process-path {custom_path}"
+    where = source or f"--custom-reward-post-process-path {custom_path}"
     if not (isinstance(out, tuple | list) and len(out) == 2):
-        raise ValueError(f"{where}: must return (raw_rewards, rewards)")
+        raise ValueError(f"{where}: must return (raw_rewards, rewards), got {type(out).__name__} {preview(out, 60)}")
     raw_c, rew_c = (
         _finite_list(values, what, where, samples) for values, what in zip(out, ("raw_rewards", "rewards"), strict=True)
     )

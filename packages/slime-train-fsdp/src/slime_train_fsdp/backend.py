@@ -46,6 +46,7 @@ from slime_core.train_step import MicroBatchLoss, train_on_rollout
 from slime_core.weight_buckets import iter_buckets
 from slime_core.weight_swap import WeightSwap
 from slime_train_fsdp.checkpoint import (
+    commit_checkpoint,
     load_checkpoint,
     load_reference,
     model_flags_of,
@@ -122,6 +123,7 @@ class FSDPTrainBackend:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.device = torch.device("cpu")
+        self.compile_layers_flag: str | None = None  # set by `init` (`TrainBackend.compile_layers_flag`)
         self.global_step = 0
         self.weights = WeightSwap(self._local_params, missing=_MISSING)  # reference / OPD teacher host copies
         self.residency: Residency | None = None  # sleep/wake, made with the optimizer
@@ -157,6 +159,7 @@ class FSDPTrainBackend:
         # An FP8 --hf-checkpoint is only served: the trainer starts from the BF16 --ref-load (slime_core.fp8).
         weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
         self.model, self.config = build_fsdp_model(cfg, weights, self.device, flag=_weights_flag(cfg, weights))
+        self.compile_layers_flag = "--fsdp-compile-layers" if compiles_layers(cfg, self.device) else None
         # Read from the file: building the fp32 master model rewrites the config object's dtype to float32.
         self._hf_dtype = source_dtype(weights)
         install_response_forward(self.model)
@@ -439,8 +442,11 @@ class FSDPTrainBackend:
         self.weights.hold("ref")
 
     # ------------------------------------------------------------ checkpoints
-    def save(self, rollout_id: int) -> None:
-        """Writes `{--save}/iter_{rollout_id+1:07d}` atomically (collective); see `checkpoint.py`."""
+    def save(self, rollout_id: int, *, commit: bool = True) -> None:
+        """Writes `{--save}/iter_{rollout_id+1:07d}` atomically (collective); see `checkpoint.py`.
+
+        `commit`: name it in the tracker (the resume point); False leaves that to `commit_save`.
+        """
         self._require_awake("save")
         save_dir = self.cfg.save
         if not save_dir:
@@ -456,9 +462,14 @@ class FSDPTrainBackend:
             model_flags=model_flags_of(self.cfg),
             # The reference follows the actor: a resume needs it (the initial weights are not it past an update).
             reference=self.weights.swapped("ref") if self.cfg.ref_update_interval and self.has_ref else None,
+            commit=commit,
         )
         if compiles_layers(self.cfg, self.device) and dist.get_rank() == 0:
             save_compile_cache(save_dir)
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the checkpoint `save(rollout_id, commit=False)` wrote in the tracker: the resume point (rank 0)."""
+        commit_checkpoint(self.cfg.save, rollout_id)
 
     def save_hf(self, path: str | pathlib.Path) -> None:
         """Exports an HF checkpoint loadable by `AutoModelForCausalLM.from_pretrained` (collective).

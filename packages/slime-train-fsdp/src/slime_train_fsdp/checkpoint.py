@@ -104,6 +104,7 @@ def save_checkpoint(
     save_optim: bool = True,
     model_flags: dict[str, Any] | None = None,
     reference: contextlib.AbstractContextManager[Any] | None = None,
+    commit: bool = True,
 ) -> pathlib.Path:
     """Writes the checkpoint of `rollout_id` (collective: every rank calls it).
 
@@ -119,6 +120,8 @@ def save_checkpoint(
             kept in `meta.json` so a resume with others is refused by name (`model_flag_mismatches`).
         reference: a context in which `model` holds the KL reference's weights (`WeightSwap.swapped("ref")`), given
             with `--ref-update-interval`: they are saved in `REFERENCE_DIR` (`load_reference` reads them back).
+        commit: name it in the tracker file (the resume point); False leaves that to `commit_checkpoint`, once what
+            the driver keeps with the checkpoint is written too.
 
     Returns:
         The final checkpoint directory.
@@ -155,10 +158,20 @@ def save_checkpoint(
     dist.barrier()
     if rank == 0:
         swap_in(tmp, final, flag="--save")
-        write_text_atomic(root / TRACKER_FILE, str(rollout_id + 1))
+        if commit:
+            commit_checkpoint(save_dir, rollout_id)
     dist.barrier()
     logger.info("saved checkpoint %s", final)
     return final
+
+
+def commit_checkpoint(save_dir: str | pathlib.Path, rollout_id: int) -> None:
+    """Names the checkpoint of `rollout_id` in `<save_dir>/latest_checkpointed_iteration.txt`: the resume point.
+
+    Rank 0 writes (flushed, then renamed: a crash leaves the previous name); other ranks do nothing.
+    """
+    if dist.get_rank() == 0:
+        write_text_atomic(pathlib.Path(save_dir) / TRACKER_FILE, str(rollout_id + 1))
 
 
 def _recovery_hint(root: pathlib.Path, damaged: pathlib.Path | None = None) -> str:

@@ -20,7 +20,6 @@ FSDP = TrainBackendSpec(
     supports_critic=True,
     checkpoint_format="fsdp",
     lr_decay_styles=("constant", "linear", "cosine"),
-    compiles_layers=True,
     supports_multimodal=True,  # slime_train_fsdp.vision  # --fsdp-compile-layers
     supports_routing_replay=True,  # slime_train_fsdp.routing_replay (HF MoE routers)
     supports_true_on_policy=True,  # slime_train_fsdp.true_on_policy

@@ -45,6 +45,7 @@ from slime_core.weight_swap import WeightSwap
 from slime_train_megatron.attention import AttentionKind
 from slime_train_megatron.checkpoint import (
     check_load_shapes,
+    commit_checkpoint,
     is_megatron_checkpoint,
     load_checkpoint,
     load_reference,
@@ -104,6 +105,7 @@ class MegatronTrainBackend:
         self.weights = WeightSwap(lambda: self.module.named_parameters(), missing=_MISSING)  # ref / OPD teacher
         self.attention: AttentionKind = "transformer_engine"
         self.head: HeadKind = "logits"  # `--log-probs-head` (output_head.py)
+        self.compile_layers_flag: str | None = None  # set by `init` (`TrainBackend.compile_layers_flag`)
         self.runner: PipelineRunner | None = None  # packed micro-batches through megatron-core's schedule
         self.residency: Residency | None = None  # sleep/wake
         self.global_step = 0
@@ -131,6 +133,8 @@ class MegatronTrainBackend:
         )
         parts = build_parallel_model(cfg, s, self.model_args)
         self.attention, self.module, self.model = parts.attention, parts.module, parts.model
+        # As `build_parallel_model` resolved it (`settings.compiles_layers`: MoE, TE and TP/CP > 1 stay eager).
+        self.compile_layers_flag = "--megatron-compile-layers" if s.megatron_compile_layers else None
         cuda = torch.cuda.is_available()
         self.set_log_probs_head(head_kind(cfg.log_probs_head, s.tensor_model_parallel_size, cuda=cuda))
         self.optimizer, self.scheduler = build_optimizer(parts, s, cfg)
@@ -368,8 +372,10 @@ class MegatronTrainBackend:
         self.weights.hold("ref")
 
     # ---------------------------------------------------------------- checkpoints and weights
-    def save(self, rollout_id: int) -> None:
+    def save(self, rollout_id: int, *, commit: bool = True) -> None:
         """Writes `<--save>/iter_{rollout_id:07d}` (model, optimizer, scheduler, RNG) atomically.
+
+        `commit`: name it in the tracker (the resume point); False leaves that to `commit_save`.
 
         Raises:
             ValueError: no `--save`.
@@ -380,7 +386,12 @@ class MegatronTrainBackend:
         # The reference follows the actor: a resume needs it (the initial weights are not it past an update).
         reference = self.weights.swapped("ref") if self.cfg.ref_update_interval and self.has_ref else None
         save_checkpoint(s.save, rollout_id, self.module, self.optimizer, self.scheduler, save_optim=not s.no_save_optim,
-                        reference=reference, make_vocab_size_divisible_by=s.make_vocab_size_divisible_by)  # fmt: skip
+                        reference=reference, make_vocab_size_divisible_by=s.make_vocab_size_divisible_by,
+                        commit=commit)  # fmt: skip
+
+    def commit_save(self, rollout_id: int) -> None:
+        """Names the checkpoint `save(rollout_id, commit=False)` wrote in the tracker: the resume point (rank 0)."""
+        commit_checkpoint(self.settings.save, rollout_id)
 
     def named_hf_weights(self, bucket_bytes: int | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Buckets of full HF-named tensors (TP/EP gathered, PP broadcast; collective on every rank)."""

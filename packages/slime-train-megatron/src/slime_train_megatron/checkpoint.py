@@ -173,6 +173,7 @@ def save_checkpoint(
     save_optim: bool = True,
     reference: contextlib.AbstractContextManager[Any] | None = None,
     make_vocab_size_divisible_by: int = 128,
+    commit: bool = True,
 ) -> pathlib.Path:
     """Writes `<save_dir>/iter_{rollout_id:07d}` atomically (collective).
 
@@ -189,6 +190,8 @@ def save_checkpoint(
             (`load_reference` reads them back).
         make_vocab_size_divisible_by: the run's vocabulary padding divisor, recorded for the next load's check
             (`slime_convert.vocab_padding`).
+        commit: name it in the tracker file (the resume point); False leaves that to `commit_checkpoint`, once what
+            the driver keeps with the checkpoint is written too.
 
     Returns:
         The checkpoint directory.
@@ -227,10 +230,21 @@ def save_checkpoint(
     dist.barrier()
     if rank == 0:
         swap_in(tmp, final, flag="--save")
-        write_text_atomic(root / TRACKER_FILE, str(rollout_id))  # flushed: a crash leaves no empty tracker
+        if commit:
+            commit_checkpoint(save_dir, rollout_id)
     dist.barrier()
     logger.info("saved checkpoint %s", final)
     return final
+
+
+def commit_checkpoint(save_dir: str | pathlib.Path, rollout_id: int) -> None:
+    """Names the checkpoint of `rollout_id` in `<save_dir>/latest_checkpointed_iteration.txt`: the resume point.
+
+    Rank 0 writes (flushed, then renamed: a crash leaves the previous name, never an empty tracker); other ranks do
+    nothing.
+    """
+    if dist.get_rank() == 0:
+        write_text_atomic(pathlib.Path(save_dir) / TRACKER_FILE, str(rollout_id))
 
 
 def load_reference(reference_dir: str | os.PathLike[str], model: Any) -> None:

@@ -86,5 +86,4 @@ MEGATRON = TrainBackendSpec(
     lr_decay_styles=("constant", "linear", "cosine", "inverse-square-root"),
     supports_fp16=True,  # OptimizerConfig(fp16=True) and its loss scaler (trainer_parts.build_optimizer)
     supports_opd_teacher=True,  # MegatronTrainBackend._load_teacher
-    compiles_layers=True,  # --megatron-compile-layers (trainer_parts.build_parallel_model)
 )

@@ -355,10 +355,12 @@ def config_error_from_validation(error: ValidationError, *, where: Mapping[str, 
     parts = []
     for err in error.errors(include_url=False):
         cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, ConfigError):
-            parts.append(str(cause))
-            continue
         loc = err.get("loc") or ()
+        if isinstance(cause, ConfigError):  # already names its flag; the YAML line, where known, is added
+            parts.append(str(cause))
+            if where and loc and str(loc[0]) in where:
+                parts[-1] += f" [{where[str(loc[0])]}]"
+            continue
         msg = err["msg"].removeprefix("Value error, ")
         if not loc:
             parts.append(msg)

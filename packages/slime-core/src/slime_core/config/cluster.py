@@ -174,6 +174,11 @@ class EngineArgs(ArgsGroup):
         {}, "Pass-through router args collected from --router-<field> [value] flags.", cli=False
     )
 
+    @field_validator("router_args", mode="before")
+    @classmethod
+    def _router_cli_values(cls, value: Any) -> Any:
+        return _as_cli_values(value, "router")
+
     @field_validator("sglang_args", mode="before")
     @classmethod
     def _sglang_field_keys(cls, value: Any) -> Any:
@@ -183,7 +188,7 @@ class EngineArgs(ArgsGroup):
             return value
         fields: dict[str, Any] = {}
         given: dict[str, str] = {}
-        for key, item in value.items():
+        for key, item in _as_cli_values(value, "sglang").items():
             field = sglang_field(str(key))
             if field in fields and fields[field] != item:
                 raise ConfigError(
@@ -193,6 +198,41 @@ class EngineArgs(ArgsGroup):
             fields[field] = item
             given[field] = str(key)
         return fields
+
+
+def _cli_value(item: Any, where: str) -> str | bool | list[str]:
+    """A pass-through flag's value as the command line gives it.
+
+    Numbers become their text (`2` -> "2", `0.85` -> "0.85"), switches stay bools, several values become a list of
+    texts.
+
+    Raises:
+        ConfigError: any other type (a mapping, None), in one line naming the flag.
+    """
+    if isinstance(item, bool | str):
+        return item
+    if isinstance(item, int | float):
+        return str(item)
+    values_ok = isinstance(item, list | tuple) and not any(isinstance(v, bool) for v in item)
+    if values_ok and all(isinstance(v, str | int | float) for v in item):
+        return [str(v) for v in item]
+    raise ConfigError(
+        f"{where}: {type(item).__name__} {item!r} is not a flag value; give a number, a string, true/false (a switch) "
+        "or a list of numbers/strings (several values), as on the command line"
+    )
+
+
+def _as_cli_values(value: Any, prefix: str) -> Any:
+    """A `--config` file's pass-through flags (`sglang_args` / `router_args`) with CLI-typed values (`_cli_value`).
+
+    `dp-size: 2` in YAML is an int, where `--sglang-dp-size 2` is the text "2": a config file's was refused in a
+    three-part pydantic error. The engine launcher renders both the same (`--dp-size 2`), and SGLang's own parser
+    checks the type.
+    """
+    if not isinstance(value, dict):
+        return value
+    flag = lambda key: f"--{prefix}-" + str(key).replace("_", "-").removeprefix(f"{prefix}-")  # noqa: E731
+    return {key: _cli_value(item, flag(key)) for key, item in value.items()}
 
 
 class WeightSyncArgs(ArgsGroup):
