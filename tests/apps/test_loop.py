@@ -41,8 +41,8 @@ def _run(monkeypatch, trainer=None, **fields):
     return events, logged
 
 
-def test_sync_step_reads_rollout_train_save_sync_eval(monkeypatch):
-    events, logged = _run(monkeypatch, save="/ckpt", save_interval=2, eval_interval=2)
+def test_sync_step_reads_rollout_train_save_sync_eval(monkeypatch, tmp_path):
+    events, logged = _run(monkeypatch, save=str(tmp_path / "ckpt"), save_interval=2, eval_interval=2)
     # The tracker names a checkpoint (trainer.commit) once its run state is written: `Run._commit`.
     assert events == [
         ("got", 0), ("train", 0), ("update_weights", 1),
@@ -165,25 +165,29 @@ def test_colocated_side_that_is_not_offloaded_stays_resident(monkeypatch, flags,
     assert ("perf/engine_release_time" in logged[0]) == flags.get("offload_rollout", True)
 
 
-def test_save_hf_exports_at_every_save_with_the_rollout_id_filled_in(monkeypatch):
+def test_save_hf_exports_at_every_save_with_the_rollout_id_filled_in(monkeypatch, tmp_path):
     # The original exports inside save_model (slime/backends/megatron_utils/actor.py), to
     # save_hf.format(rollout_id=rollout_id); issue 27: it used to export once, at the end, to "{rollout_id}".
     events, logged = _run(
-        monkeypatch, save="/ckpt", save_interval=2, save_hf="/hf/iter_{rollout_id}", eval_prompt_data=None
+        monkeypatch,
+        save=str(tmp_path / "ckpt"),
+        save_interval=2,
+        save_hf="/hf/iter_{rollout_id}",
+        eval_prompt_data=None,
     )
     saves = [e for e in events if e[0].startswith("trainer.save")]
     assert saves == [
         ("trainer.save_hf", "/hf/iter_1"), ("trainer.save", 1), ("trainer.save_hf", "/hf/iter_2"), ("trainer.save", 2)
     ]  # fmt: skip
     assert "perf/save_hf_time" in logged[1] and "perf/save_hf_time" not in logged[0]
-    assert logged["outputs"] == {"hf_checkpoint": "/hf/iter_2", "checkpoints": "/ckpt"}
+    assert logged["outputs"] == {"hf_checkpoint": "/hf/iter_2", "checkpoints": str(tmp_path / "ckpt")}
 
 
 class _Killed(BaseException):
     """The run's process dying mid-call (SIGKILL): nothing after it runs."""
 
 
-def test_a_run_killed_during_an_hf_export_has_not_committed_that_rollouts_checkpoint(monkeypatch):
+def test_a_run_killed_during_an_hf_export_has_not_committed_that_rollouts_checkpoint(monkeypatch, tmp_path):
     """The checkpoint's tracker (written by `trainer.commit_save`) is the commit point of the export too.
 
     The export was written after it: a kill during the export of rollout 1 left iteration 1 committed, the resumed
@@ -202,7 +206,7 @@ def test_a_run_killed_during_an_hf_export_has_not_committed_that_rollouts_checkp
                 raise _Killed
 
     with pytest.raises(_Killed):
-        _run(monkeypatch, KilledInExport, save="/ckpt", save_interval=2, save_hf="/hf/iter_{rollout_id}",
+        _run(monkeypatch, KilledInExport, save=str(tmp_path / "ckpt"), save_interval=2, save_hf="/hf/iter_{rollout_id}",
              eval_prompt_data=None)  # fmt: skip
     events = KilledInExport.last_events
     assert ("trainer.save_hf", "/hf/iter_1") in events and ("trainer.save", 1) not in events
@@ -400,12 +404,12 @@ class _GenerateLog(Actor):
         return types.SimpleNamespace(remote=remote)
 
 
-def test_async_saves_the_data_cursor_before_the_next_rollout_draws(monkeypatch):
+def test_async_saves_the_data_cursor_before_the_next_rollout_draws(monkeypatch, tmp_path):
     # Issue 27: with --async the cursor save of rollout N queued behind the generation of N+1, so it held N+1's
     # prompts as drawn and a resume at N+1 skipped them (as the original's train_async.py). Now the cursor is saved
     # between the two generations (what a sync run saves), and the trainer's checkpoint still follows training.
-    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, "async_train": True, "save": "/ckpt",
-                               "save_interval": 2})  # fmt: skip
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 3, "async_train": True,
+                               "save": str(tmp_path / "ckpt"), "save_interval": 2})  # fmt: skip
     events = []
     patch_ray(monkeypatch, FakeRay(events))
     run = loop.Run.__new__(loop.Run)  # no Ray, no placement
