@@ -222,3 +222,21 @@ def test_a_rank_saves_uncommitted_only_when_asked_so_a_critic_backend_keeps_its_
     rank.commit_save(3)
     rank.save(4)
     assert calls == [("critic", 3), ("actor", 3, False), ("actor commit", 3), ("actor", 4, True)]
+
+
+def test_a_registered_backend_written_before_commit_save_still_saves_and_starts():
+    # A third-party `--train-backend` with the older protocol (save(rollout_id), no commit_save, no
+    # compile_layers_flag) failed with a TypeError at its first save.
+    from slime_app import train_actor as ta
+
+    calls = []
+
+    class OldBackend:
+        def save(self, rollout_id):
+            calls.append(("save", rollout_id))
+
+    rank = ta.TrainActor(world_size=1, rank=0, master_addr="127.0.0.1", master_port=1)
+    rank.backend = OldBackend()
+    rank.save(3, False)  # commits in save, as it always did
+    rank.commit_save(3)  # nothing left to commit
+    assert calls == [("save", 3)]

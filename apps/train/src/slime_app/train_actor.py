@@ -201,7 +201,8 @@ class TrainActor:
             return TrainerStart(rollout_id=int(self.backend.init(critic_config(cfg))), compile_layers_flag=None)
         self.backend = make_backend(cfg)
         start = int(self.backend.init(cfg, with_ref=cfg.with_ref))
-        return TrainerStart(rollout_id=start, compile_layers_flag=self.backend.compile_layers_flag)
+        # Optional for a registered backend written before the attribute existed: it then reports no compilation.
+        return TrainerStart(rollout_id=start, compile_layers_flag=getattr(self.backend, "compile_layers_flag", None))
 
     def data_parallel_rank(self) -> int:
         """This rank's data-parallel rank: which of the rollout's per-DP-rank batches it trains on."""
@@ -262,15 +263,18 @@ class TrainActor:
 
         Only the actor's `TrainBackend.save` takes `commit`; a critic's checkpoint is always committed at once
         (`slime_app.actor_critic.ActorCritic.save`), so its backend is called as `CriticBackend.save(rollout_id)`.
+        A registered backend without `commit_save` (written before it existed) commits in `save` as it always did:
+        only the run state then lands after its tracker.
         """
-        if commit:
+        if commit or not hasattr(self.backend, "commit_save"):
             self.backend.save(rollout_id)
         else:
             self.backend.save(rollout_id, commit=False)
 
     def commit_save(self, rollout_id: int) -> None:
         """Names the checkpoint of `rollout_id` in the tracker: the resume point (`TrainBackend.commit_save`)."""
-        self.backend.commit_save(rollout_id)
+        if hasattr(self.backend, "commit_save"):
+            self.backend.commit_save(rollout_id)
 
     def save_hf(self, path: str) -> None:
         """Exports Hugging Face safetensors (collective; rank 0 writes)."""
