@@ -148,13 +148,13 @@ def test_preflight_notes_say_the_ref_load_is_the_trainers_start_with_fp8(tmp_pat
     assert any(n.startswith(f"--ref-load {bf16_dir}: hf") for n in notes)
 
 
-def _one_weight_bf16(tmp_path, shape: tuple[int, int]):
-    """A qwen3 HF folder holding one bf16 MLP weight of `shape`: what the FP8 block checks read."""
+def _one_weight_bf16(tmp_path, shape: tuple[int, int], module: str = "mlp.up_proj"):
+    """A qwen3 HF folder holding one bf16 weight of `shape` (`module`): what the FP8 block checks read."""
     bf16 = tmp_path / "bf16"
     bf16.mkdir()
     (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     weight = torch.randn(*shape, dtype=torch.bfloat16)
-    save_file({"model.layers.0.mlp.up_proj.weight": weight}, str(bf16 / "model.safetensors"))
+    save_file({f"model.layers.0.{module}.weight": weight}, str(bf16 / "model.safetensors"))
     return bf16
 
 
@@ -163,10 +163,16 @@ def test_preflight_refuses_fp8_weights_with_a_partial_column_block(tmp_path):
     # at the first weight sync; now the preflight names the weight and the fix.
     from slime_convert.fp8 import hf_to_fp8
 
-    bf16 = _one_weight_bf16(tmp_path, (64, 16))
+    # down_proj is no fused part, so SGLang serves its partial column block: only the weight check cannot.
+    bf16 = _one_weight_bf16(tmp_path, (16, 64), "mlp.down_proj")
     hf_to_fp8(bf16, tmp_path / "fp8_128", block_size=(128, 128), progress=False)
-    with pytest.raises(ValueError, match=r"128-column block \(first: model.layers.0.mlp.up_proj.weight \[64, 16\]\)"):
-        check_fp8_rollout(_cfg(hf_checkpoint=str(tmp_path / "fp8_128"), ref_load=str(bf16), use_tis=True))
+    fp8 = str(tmp_path / "fp8_128")
+    with pytest.raises(ValueError, match=r"128-column block \(first: model.layers.0.mlp.down_proj.weight \[16, 64\]\)"
+                                         r".*or pass --no-check-weight-sync$"):  # fmt: skip
+        check_fp8_rollout(_cfg(hf_checkpoint=fp8, ref_load=str(bf16), use_tis=True))
+    # It refused with the weight check's reason even when the check was off.
+    [note] = check_fp8_rollout(_cfg(hf_checkpoint=fp8, ref_load=str(bf16), use_tis=True, check_weight_sync=False))
+    assert "128x128 blocks" in note
     hf_to_fp8(bf16, tmp_path / "fp8_16", block_size=(16, 16), progress=False)
     [note] = check_fp8_rollout(_cfg(hf_checkpoint=str(tmp_path / "fp8_16"), ref_load=str(bf16), use_tis=True))
     assert "16x16 blocks" in note

@@ -109,3 +109,18 @@ def test_totals_kept_with_a_checkpoint_continue_and_a_missing_or_damaged_file_st
         assert said in caplog.records[-1].getMessage()
         assert str(tmp_path / "rollout" / f"run_state_{rollout_id}.json") in caplog.records[-1].getMessage()
         assert fresh.cumulative()["goodput/cum/tokens_generated"] == 0.0 and fresh.num_rollouts == 0
+
+
+def test_an_sft_summary_names_dataset_tokens_and_no_advantage():
+    # Reproducer: the SFT recipe's summary read "of generated tokens trained on", "tokens generated" and
+    # "trained on (non-zero advantage)", with a "zero advantage" row: SFT generates nothing and reads no advantage.
+    meter = _meter(colocate=True, loss_type="sft_loss", disable_compute_advantages_and_returns=True)
+    meter.update(_rollout(**{"goodput/tokens_trained": 80.0, "goodput/tokens_zero_advantage": 0.0}))
+    text = meter.summary()
+    assert "80.0% of dataset response tokens trained on, 40.0% of device time in training" in text
+    assert "  tokens of the dataset responses 100:" in text
+    lines = text.splitlines()
+    assert any(line.split() == ["trained", "on", "(loss", "mask", "1)", "80", "80.0%"] for line in lines)
+    assert "generated" not in text and "advantage" not in text
+    rl = _meter(colocate=True).summary()  # an RL run keeps its words
+    assert "of generated tokens trained on" in rl and "trained on (non-zero advantage)" in rl

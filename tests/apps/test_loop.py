@@ -495,3 +495,21 @@ def test_a_train_only_run_pushes_no_weights_as_the_original(monkeypatch, fields)
     if fields.get("colocate"):  # the trainer still sleeps between its steps and wakes for the next
         assert [e[0] for e in events if e[0].startswith("trainer.")][:3] == ["trainer.wake_up", "trainer.sleep",
                                                                           "trainer.wake_up"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fields", "synced"), [({}, True), ({"debug_train_only": True}, False),
+                                                ({"debug_train_only": True, "colocate": True}, False)])  # fmt: skip
+def test_a_train_only_run_shows_no_weight_sync_phase(monkeypatch, fields, synced):
+    # Reproducer: with --debug-train-only nothing is pushed, yet each step logged "weight sync (weight version N):
+    # done in 0.0 s".
+    phases = []
+
+    class Progress:
+        def phase(self, name, rollout_id=None, detail=""):
+            phases.append(name)
+            return contextlib.nullcontext()
+
+    monkeypatch.setattr(loop.Run, "progress", Progress(), raising=False)
+    events, _ = _run(monkeypatch, **fields)
+    assert phases.count("weight sync") == (3 if synced else 0)
+    assert [e for e in events if e[0] == "train"] == [("train", 0), ("train", 1), ("train", 2)]

@@ -338,7 +338,7 @@ def test_a_quantized_checkpoint_is_named_as_one(tiny_hf_model, tmp_path, caplog)
     from slime_convert.fp8 import hf_to_fp8
 
     _, hf_dir = tiny_hf_model("qwen3")
-    hf_to_fp8(hf_dir, tmp_path / "fp8", progress=False)
+    hf_to_fp8(hf_dir, tmp_path / "fp8", block_size=(32, 32), progress=False)
     argv = ["hf-to-mcore", "--hf-checkpoint", str(tmp_path / "fp8"), "--save", str(tmp_path / "m"), "--no-progress"]
     assert main(argv) == 2
     # Was "... tensors that config.json does not describe would be dropped: ...weight_scale_inv ... A layer count or

@@ -47,6 +47,22 @@ def test_force_replaces_a_file_at_the_output_path(first_shard, tiny_hf_model, tm
     assert converted and all(torch.isfinite(t).all() for t in converted.values())
 
 
+def test_hf_to_mcore_offers_and_takes_force_like_the_other_subcommands(tiny_hf_model, tmp_path, caplog):
+    # It refused an existing <save>/release with "remove it or choose another --save" and had no -f/--force.
+    _, hf_dir = tiny_hf_model("qwen3")
+    save = tmp_path / "m"
+    argv = ["hf-to-mcore", "--hf-checkpoint", str(hf_dir), "--save", str(save), "--no-progress"]
+    assert main(argv) == 0
+    (save / "release" / "stale").write_text("from the previous conversion")
+    assert main(argv) == 2
+    assert f"--save {save / 'release'} exists (pass -f/--force to replace it)" in caplog.text
+    assert main([*argv, "-f"]) == 0
+    assert not (save / "release" / "stale").exists()  # replaced whole
+    assert sorted(p.name for p in save.iterdir()) == [".slime_export", "latest_checkpointed_iteration.txt", "release"]
+    out = mcore_to_hf(save, tmp_path / "h", hf_dir, progress=False)  # the replacement loads
+    assert any(out.glob("*.safetensors"))
+
+
 def test_hf_to_fp8_writes_nothing_when_it_fails_midway(tmp_path, monkeypatch, caplog):
     from slime_convert import fp8
 
@@ -244,6 +260,7 @@ def test_force_never_replaces_the_checkpoint_being_read(tiny_hf_model, tmp_path,
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     if output == "fp8":
         argv = ["hf-to-fp8", "--hf-checkpoint", str(origin), "--save", str(origin), "-f", "--no-progress"]
+        argv += ["--block-size", "32", "32"]  # blocks the tiny model's fused q/k/v and gate/up rows fit
         flags = ("--save", "--hf-checkpoint")
     else:
         out = tmp_path / ("m" if output == "input" else "origin")

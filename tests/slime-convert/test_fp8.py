@@ -15,7 +15,7 @@ def _bf16_checkpoint(path):
     shard1 = {
         "model.embed_tokens.weight": torch.randn(16, 8).bfloat16(),
         "model.layers.0.input_layernorm.weight": torch.ones(8).bfloat16(),
-        "model.layers.0.self_attn.q_proj.weight": torch.randn(12, 8).bfloat16(),
+        "model.layers.0.self_attn.o_proj.weight": torch.randn(12, 8).bfloat16(),
     }
     shard2 = {
         "model.layers.0.mlp.down_proj.weight": torch.randn(8, 20).bfloat16(),
@@ -36,13 +36,13 @@ def test_hf_to_fp8_writes_fp8_weights_scales_and_the_quantization_config(tmp_pat
                  "--block-size", "8", "8", "--no-progress"]) == 0  # fmt: skip
     tensors = {**load_file(str(out / "model-00001-of-00002.safetensors")),
                **load_file(str(out / "model-00002-of-00002.safetensors"))}  # fmt: skip
-    for name in ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"):
+    for name in ("model.layers.0.self_attn.o_proj", "model.layers.0.mlp.down_proj"):
         q, s = quantize_blockwise(original[f"{name}.weight"], (8, 8))
         assert tensors[f"{name}.weight"].dtype == torch.float8_e4m3fn
         assert torch.equal(tensors[f"{name}.weight"].view(torch.uint8), q.view(torch.uint8))
         assert torch.equal(tensors[f"{name}.weight_scale_inv"], s)
         # 12×8 with 8×8 blocks: a full block and a partial one; 8×20: three column blocks.
-        assert s.shape == {"model.layers.0.self_attn.q_proj": (2, 1), "model.layers.0.mlp.down_proj": (1, 3)}[name]
+        assert s.shape == {"model.layers.0.self_attn.o_proj": (2, 1), "model.layers.0.mlp.down_proj": (1, 3)}[name]
         back = dequantize_blockwise(q, s, (8, 8))
         assert (back - original[f"{name}.weight"].float()).abs().max() <= original[f"{name}.weight"].abs().max() / 16
     for name in ("model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "model.norm.weight",
@@ -97,3 +97,52 @@ def test_hf_to_fp8_reads_the_shards_the_index_names_not_a_stale_one(tmp_path, ca
     (src / "model-00002-of-00002.safetensors").unlink()
     assert main(["hf-to-fp8", "--hf-checkpoint", str(src), "--save", str(tmp_path / "x"), "--no-progress"]) == 2
     assert "names ['model-00002-of-00002.safetensors'], which do not exist" in caplog.text
+
+
+def _qwen3_tiny_layer(path):
+    """One decoder layer with qwen3-tiny's shapes (hidden 16, 2 heads and 1 KV head of 8, intermediate 64)."""
+    path.mkdir()
+    shapes = {"self_attn.q_proj": (16, 16), "self_attn.k_proj": (8, 16), "self_attn.v_proj": (8, 16),
+              "self_attn.o_proj": (16, 16), "mlp.gate_proj": (64, 16), "mlp.up_proj": (64, 16),
+              "mlp.down_proj": (16, 64)}  # fmt: skip
+    tensors = {f"model.layers.0.{m}.weight": torch.randn(*s).bfloat16() for m, s in shapes.items()}
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 16}))
+    return path
+
+
+def test_hf_to_fp8_refuses_blocks_sglang_cannot_serve_before_writing(tmp_path, caplog):
+    # Reproducer: qwen3-tiny with the default 128 x 128 blocks was written, then refused by the run with a message
+    # about the weight check (also with --no-check-weight-sync); SGLang cannot load it at all: it fuses q/k/v_proj
+    # and gate/up_proj, and each part's rows must be a multiple of the block's.
+    src = _qwen3_tiny_layer(tmp_path / "bf16")
+    out = tmp_path / "fp8"
+    assert main(["hf-to-fp8", "--hf-checkpoint", str(src), "--save", str(out), "--no-progress"]) == 2
+    assert (
+        f"--hf-checkpoint {src}: 5 weight(s) cannot be served in 128x128 FP8 blocks (--block-size 128 128): SGLang "
+        "fuses q/k/v_proj and gate/up_proj, and each part's row count must be a multiple of the block's 128 rows "
+        "(model.layers.0.mlp.gate_proj.weight [64, 16], model.layers.0.mlp.up_proj.weight [64, 16], "
+        "model.layers.0.self_attn.k_proj.weight [8, 16] and 2 more); nothing was written. Pass a --block-size that "
+        "divides them, e.g. --block-size 8 8"
+    ) in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16"]  # no fp8, no fp8.tmp
+    assert main(["hf-to-fp8", "--hf-checkpoint", str(src), "--save", str(out), "--block-size", "8", "8",
+                 "--no-progress"]) == 0  # fmt: skip
+    scales = load_file(str(out / "model.safetensors"))
+    assert scales["model.layers.0.self_attn.k_proj.weight_scale_inv"].shape == (1, 2)  # 8 x 16 in 8 x 8 blocks
+
+
+def test_hf_to_fp8_keeps_a_checkpoint_sglang_serves_and_warns_of_the_weight_check(tmp_path, caplog):
+    # Fused parts whose rows fit the block, columns that do not (16 of 32): SGLang serves it, only the run's weight
+    # check cannot dequantize it as SGLang's checker does, so it is written and the warning says what the run needs.
+    src = _qwen3_tiny_layer(tmp_path / "bf16")
+    out = tmp_path / "fp8"
+    argv = ["hf-to-fp8", "--hf-checkpoint", str(src), "--save", str(out), "--block-size", "8", "32", "--no-progress"]
+    assert main(argv) == 0
+    assert load_file(str(out / "model.safetensors"))["model.layers.0.mlp.up_proj.weight"].dtype == torch.float8_e4m3fn
+    assert (
+        "6 weight(s) have a column count that is not a multiple of the 32-column block "
+        "(model.layers.0.mlp.gate_proj.weight [64, 16], model.layers.0.mlp.up_proj.weight [64, 16], "
+        "model.layers.0.self_attn.k_proj.weight [8, 16] and 3 more): SGLang serves them"
+    ) in caplog.text
+    assert "such a run needs --no-check-weight-sync, or convert with --block-size 8 8" in caplog.text

@@ -86,7 +86,7 @@ def test_write_torch_dist_stages_through_the_shared_helper(tmp_path, monkeypatch
     write_torch_dist(out, [_chunk(1.0)], {}, {"iteration": 0})
     assert TorchDistReader(out).read([("w", ())])[0].tolist() == [1.0, 1.0]
     assert (out / MARKER).is_file()  # marked: its interrupted swap is recognised as slime's
-    with pytest.raises(FileExistsError, match=f"--save {out} exists \\(remove it or choose another --save\\)"):
+    with pytest.raises(FileExistsError, match=f"--save {out} exists \\(pass -f/--force to replace it\\)"):
         write_torch_dist(out, [_chunk(2.0)], {}, {})
 
     def broken():

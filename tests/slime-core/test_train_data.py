@@ -587,3 +587,25 @@ def test_a_rollout_of_another_size_than_configured_warns_once_with_its_step_coun
     assert b.num_steps == 3
     assert caplog.text.count("this rollout has 12 rollouts (--global-batch-size 4 each step): 3 optimizer steps, not "
                              "--num-steps-per-rollout 2") == 1  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "hint"),
+    [("policy_loss", "lower --rollout-max-response-len"),
+     ("sft_loss", "drop the longer conversations with --rollout-max-prompt-len")],
+)  # fmt: skip
+def test_the_over_budget_warning_names_the_flag_that_bounds_the_samples(caplog, loss_type, hint):
+    # Reproducer: an SFT run (no generation) was told to "lower --rollout-max-response-len", a flag it does not use.
+    import slime_core.scheduling as scheduling
+
+    scheduling._warned_over_budget = False
+    samples = [Sample(tokens=list(range(1, n + 1)), response_length=2, reward=0.0, index=i)
+               for i, n in enumerate([3, 12, 4, 5])]  # fmt: skip
+    args = _args(loss_type=loss_type, use_dynamic_batch_size=True, max_tokens_per_gpu=8, n_samples_per_prompt=1)
+    with caplog.at_level("WARNING", logger="slime_core.scheduling"):
+        build_rollout_batches(args, samples, dp_size=1)
+    (said,) = [r.getMessage() for r in caplog.records if "--max-tokens-per-gpu" in r.getMessage()]
+    assert "1 samples are longer than --max-tokens-per-gpu x context-parallel size = 8 tokens (the longest has 12)" in (
+        said
+    )
+    assert said.endswith(f"(raise --max-tokens-per-gpu or {hint} to stay within it)")

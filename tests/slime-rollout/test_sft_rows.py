@@ -225,3 +225,30 @@ def test_rollout_hooks_the_sft_rollout_never_calls_are_one_error(tmp_path, qwen3
              "--rollout-max-response-len", "8", "--eval-function-path", generating)  # fmt: skip
     errors = [e for e in _errors(_cfg(data, qwen3_tokenizer_dir, *hooks, *flags)) if "never calls" in e]
     assert [e.split(" with ")[0] for e in errors] == ["--dynamic-sampling-filter-path"]
+
+
+def test_the_length_limit_measures_a_conversation_as_the_sft_rollout_trains_it(tmp_path, qwen3_tokenizer_dir, caplog):
+    # Reproducer: the conversation was measured with the template's generation prompt ("<|im_start|>assistant\n", 3
+    # tokens the SFT rollout never adds), so one that fits the limit exactly was dropped ("no prompts left").
+    from slime_rollout.data.source import RolloutDataSource
+
+    ids, _ = ChatLossMask(get_tokenizer(str(qwen3_tokenizer_dir)), "qwen").get_loss_mask(GOOD)
+    assert len(ids) == 16  # what the SFT rollout trains on
+    data = _write(tmp_path / "sft.jsonl", GOOD, GOOD)
+    source = RolloutDataSource(_cfg(data, qwen3_tokenizer_dir, "--rollout-max-prompt-len", "16"))
+    assert [s.prompt for s in source.prompts] == [GOOD, GOOD]
+    with pytest.raises(ValueError, match="no prompts left: all 2 are longer than --rollout-max-prompt-len=15"):
+        RolloutDataSource(_cfg(data, qwen3_tokenizer_dir, "--rollout-max-prompt-len", "15"))
+
+
+def test_a_template_error_on_a_conversation_names_the_sft_rollout(tmp_path, qwen3_tokenizer_dir):
+    # It said "(the default generate function renders it)": in an SFT run the SFT rollout renders the conversation.
+    from slime_rollout.data.source import RolloutDataSource
+
+    data = _write(tmp_path / "sft.jsonl", GOOD, [GOOD[0], {"role": "assistant"}])
+    with pytest.raises(ValueError) as raised:
+        RolloutDataSource(_cfg(data, qwen3_tokenizer_dir))
+    assert str(raised.value).startswith(
+        f"{data} line 2: the chat template (an SFT conversation (the SFT rollout renders it)) failed on this row: "
+        "UndefinedError"
+    )

@@ -262,3 +262,45 @@ def test_router_loss_metrics_are_megatron_cores_tracked_losses(cpu_backend_env, 
     for name, value in expected.items():
         assert abs(on[name] - value) <= 1e-5, (name, on[name], value)
     assert not {"train/load_balancing_loss", "train/z_loss"} & metrics["0"].keys()
+
+
+def test_an_empty_schedule_slot_adds_no_router_loss_gradient_and_no_router_metric(cpu_backend_env, moe_hf):
+    """Reproducer: the 2-token dummy that fills an empty schedule slot ran the routers in training mode, so
+    megatron-core attached its load-balancing and z-loss to it (gradient through the MoEAuxLossAutoScaler, which
+    ignores the dummy's zero loss), tracked them for `train/*`, and counted it in the micro-batches that divide
+    the real ones' router-loss gradient. Every parameter's gradient and the router metrics with a dummy slot are
+    now those without it (fp32, same micro-batches in the same order: 1e-6 relative)."""
+    from slime_core.batch import RolloutBatch
+    from slime_core.config import SlimeArgs
+
+    _, hf_dir = moe_hf(True)
+    run = {"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "advantage_estimator": "grpo",
+           "n_samples_per_prompt": 2, "hf_checkpoint": str(hf_dir)}  # fmt: skip
+    flags = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3",
+             "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001"]  # fmt: skip
+    grads, metrics = {}, {}
+    for slots in ([[0], [1]], [[0], [], [1]]):
+        batch = RolloutBatch(
+            tokens=list(_SAMPLES), response_lengths=_RESPONSE_LENGTHS,
+            loss_masks=[torch.ones(r) for r in _RESPONSE_LENGTHS], rewards=[1.0, -1.0], raw_rewards=[1.0, 0.0],
+            loss_denominators=[float(r) for r in _RESPONSE_LENGTHS], micro_batches=[slots], step_sample_counts=[2],
+            step_token_counts=[float(sum(_RESPONSE_LENGTHS))],
+        )  # fmt: skip
+        backend = cpu_backend_env.MegatronTrainBackend()
+        backend.init(SlimeArgs.from_dict({**run, "megatron_args": flags}), with_ref=False)
+        step, seen = backend.optimizer_step, {}
+
+        def capture(step=step, seen=seen, backend=backend):
+            seen.update({n: p.main_grad.detach().clone() for n, p in backend.module.named_parameters()})
+            return step()
+
+        backend.optimizer_step = capture
+        metrics[len(slots)] = backend.train(0, batch)
+        grads[len(slots)] = seen
+    with_dummy, without = grads[3], grads[2]
+    routers = [n for n in without if "router" in n]
+    assert routers and all(float(without[n].abs().max()) > 0 for n in routers)
+    for name, grad in without.items():
+        torch.testing.assert_close(with_dummy[name], grad, rtol=1e-6, atol=1e-9, msg=name)
+    for name in ("train/load_balancing_loss", "train/z_loss"):
+        assert abs(metrics[3][name] - metrics[2][name]) <= 1e-6 * abs(metrics[2][name]), (name, metrics)

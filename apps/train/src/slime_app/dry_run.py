@@ -178,13 +178,14 @@ def _first_prompt(cfg: SlimeArgs, rows: PromptRows | None) -> list[str]:
     from slime_rollout.plugins import load_function
 
     tokenizer = get_tokenizer(cfg.hf_checkpoint)
+    sft = load_function(cfg.rollout_function_path, flag="--rollout-function-path") is generate_sft_rollout
     (sample,) = rows_to_samples(
         rows.head(1), source=str(cfg.prompt_data), input_key=cfg.input_key, label_key=cfg.label_key,
         metadata_key=cfg.metadata_key, tool_key=cfg.tool_key, tokenizer=tokenizer,
         apply_chat_template=cfg.apply_chat_template, apply_chat_template_kwargs=dict(cfg.apply_chat_template_kwargs),
-        number_prompts=cfg.custom_generate_function_path is not None,
+        number_prompts=cfg.custom_generate_function_path is not None, conversations=sft,
     )  # fmt: skip
-    if load_function(cfg.rollout_function_path, flag="--rollout-function-path") is generate_sft_rollout:
+    if sft:
         ids, mask = ChatLossMask(tokenizer, cfg.loss_mask_type).get_loss_mask(
             sample.prompt, sample.metadata.get("tools")
         )

@@ -73,8 +73,8 @@ def check_fp8_rollout(cfg: SlimeArgs) -> list[str]:
     Raises:
         ValueError: FP8 serving without the BF16 `--ref-load` the trainer starts from, with LoRA (the engine would
             need an FP8 base plus BF16 adapters, which this version does not push), with a quantized weight whose
-            columns are not a multiple of the block's (`_check_block_columns`), or with a non-square block while
-            `--check-weight-sync` is on (`_check_square_block`).
+            columns are not a multiple of the block's (`_check_block_columns`) or with a non-square block
+            (`_check_square_block`), both while `--check-weight-sync` is on.
     """
     fp8 = serving_fp8(cfg)
     if fp8 is None:
@@ -85,8 +85,8 @@ def check_fp8_rollout(cfg: SlimeArgs) -> list[str]:
             "the served base, which is not supported for an FP8 base; use a BF16 --hf-checkpoint"
         )
     weights = trainer_weights_dir(cfg.hf_checkpoint, cfg.ref_load)
-    _check_block_columns(str(cfg.hf_checkpoint), fp8.weight_block_size[1])
-    if cfg.check_weight_sync:
+    if cfg.check_weight_sync:  # both limit only the weight check: SGLang serves such blocks
+        _check_block_columns(str(cfg.hf_checkpoint), fp8.weight_block_size[1])
         _check_square_block(str(cfg.hf_checkpoint), fp8.weight_block_size)
     if not cfg.use_tis:
         logger.warning(
@@ -134,6 +134,6 @@ def _check_block_columns(hf_checkpoint: str, block_cols: int) -> None:
         raise ValueError(
             f"FP8 --hf-checkpoint {hf_checkpoint}: {len(misfits)} quantized weight(s) have a column count that is "
             f"not a multiple of the {block_cols}-column block (first: {misfits[0]}); the weight check cannot "
-            "dequantize them as SGLang does. Quantize with a block that divides the model's hidden and intermediate "
-            "sizes (`slime-convert hf-to-fp8 --block-size B B`), or serve a larger model"
+            "dequantize them as SGLang does (serving is unaffected). Quantize with a block that divides the model's "
+            "hidden and intermediate sizes (`slime-convert hf-to-fp8 --block-size B B`), or pass --no-check-weight-sync"
         )

@@ -85,6 +85,10 @@ class GoodputMeter:
             self.total_devices = max(self.trainer_devices, self.engine_devices)
         else:
             self.total_devices = self.trainer_devices + self.engine_devices
+        # SFT (`--loss-type sft_loss`) trains on the dataset's conversations: nothing is generated and no advantage
+        # is read, so the summary names its tokens as what they are.
+        self.sft = cfg.loss_type == "sft_loss"
+        self.reads_advantages = not (self.sft or cfg.disable_compute_advantages_and_returns)
         self.tokens = dict.fromkeys(TOKEN_KEYS, 0.0)
         self.time = dict.fromkeys([*PHASES, "eval", "other"], 0.0)
         self.generation_time = 0.0  # engine busy wall (perf/rollout_time), overlapping training with --async
@@ -155,21 +159,24 @@ class GoodputMeter:
         generated = self.tokens["generated"]
         wall = self.wall_time
         layout = "colocated" if self.colocate else "disaggregated"
+        source = "dataset response" if self.sft else "generated"
         lines = [
             f"goodput over {self.num_rollouts} rollouts: {wall:.1f} s accounted, {self.trainer_devices} trainer + "
             f"{self.engine_devices} engine device(s), {layout}",
-            f"  {cum['goodput/cum/trained_fraction']:.1%} of generated tokens trained on, "
+            f"  {cum['goodput/cum/trained_fraction']:.1%} of {source} tokens trained on, "
             f"{cum['goodput/cum/train_device_share']:.1%} of device time in training",
-            f"  tokens generated {generated:,.0f}:",
+            f"  tokens {'of the dataset responses' if self.sft else 'generated'} {generated:,.0f}:",
         ]
         labels = {
-            "trained": "trained on (non-zero advantage)",
+            "trained": "trained on (non-zero advantage)" if self.reads_advantages else "trained on (loss mask 1)",
             "zero_advantage": "zero advantage (no gradient)",
             "filtered": "dropped by the dynamic filter",
             "aborted": "aborted",
             "surplus": "surplus (batch already full)",
             "unscheduled": "in no optimizer step / removed",
         }
+        if not self.reads_advantages:  # no loss term reads an advantage: a zero one leaves nothing untrained
+            del labels["zero_advantage"]
         for key, label in labels.items():
             lines.append(f"    {label:<34} {self.tokens[key]:>12,.0f}  {_share(self.tokens[key], generated):6.1%}")
         lines.append(

@@ -483,6 +483,9 @@ class Run:
         Colocated, the two sides then swap GPU memory: engine weights memory back → push → trainer
         sleeps → engine KV cache back.
         """
+        if self.cfg.debug_train_only:
+            # No engine, nothing pushed (`_sync_weights`): a "weight sync ... done in 0.0 s" line said otherwise.
+            return self._sync_weights(weight_version)
         with self._phase("weight sync", detail=f"weight version {weight_version}"):
             return self._sync_weights(weight_version)
 

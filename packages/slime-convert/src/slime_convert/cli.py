@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="pad the vocabulary to a multiple of this × TP (Megatron's flag; default 128); recorded in the checkpoint",
     )  # fmt: skip
     to_mcore.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast weights (default: keep)")
+    to_mcore.add_argument("-f", "--force", action="store_true", help="overwrite <save>/release")
     to_mcore.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     to_hf = sub.add_parser("mcore-to-hf", help="Megatron torch_dist → HF safetensors")
@@ -166,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 pipeline_model_parallel_size=ns.pp,
                 make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
                 dtype=_torch_dtype(ns.dtype),
+                force=ns.force,
                 progress=not ns.no_progress,
             )
         elif ns.command == "fsdp-to-hf":

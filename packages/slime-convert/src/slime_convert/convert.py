@@ -113,6 +113,7 @@ def hf_to_mcore(
     pipeline_model_parallel_size: int = 1,
     make_vocab_size_divisible_by: int = 128,
     dtype: torch.dtype | None = None,
+    force: bool = False,
     progress: bool = True,
 ) -> pathlib.Path:
     """Converts a HF checkpoint into a Megatron torch_dist checkpoint.
@@ -128,6 +129,7 @@ def hf_to_mcore(
         pipeline_model_parallel_size: `--pp`; must not exceed the layer count.
         make_vocab_size_divisible_by: `--make-vocab-size-divisible-by` (Megatron's default 128).
         dtype: cast weights to this dtype (default: keep the stored dtype); a value beyond its range is refused.
+        force: replace an existing `<save_dir>/release` (`-f/--force`), once the new one is complete.
         progress: show a tqdm bar.
 
     Returns:
@@ -139,8 +141,8 @@ def hf_to_mcore(
             tensor config.json does not describe (an extra layer; a tied model's `lm_head.weight` other than the
             embedding) that would be dropped (`slime_convert.shapes.check_hf_unused`); all checked before anything
             is written.
-        FileExistsError: `<save_dir>/release` exists (published: the tracker names it), or `save_dir` holds a
-            tracker naming a training iteration.
+        FileExistsError: `<save_dir>/release` exists (published: the tracker names it) and not `force`, or
+            `save_dir` holds a tracker naming a training iteration (also with `force`).
         slime_core.dir_swap.ReplaceRefused: `<save_dir>.tmp` or `<save_dir>.old` is in the way and not slime's.
     """
     args = ModelArgs.from_hf_dir(hf_dir, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
@@ -250,7 +252,10 @@ def hf_to_mcore(
         # The tracker is written last, inside the staged root where there is one: a reader sees both or neither.
         with staged_save_root(root, flag="--save") as target:
             _drop_unpublished_release(target)
-            write_torch_dist(target / "release", [counted(c) for c in chunks], objects, common)
+            write_torch_dist(
+                target / "release", [counted(c) for c in chunks], objects, common, force=force,
+                inputs={"--hf-checkpoint": hf_dir},
+            )  # fmt: skip
             write_text_atomic(target / TRACKER_FILE, "release")
     finally:
         bar.close()

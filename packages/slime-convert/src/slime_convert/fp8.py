@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import pathlib
+import re
 import shutil
 
-from safetensors import SafetensorError
+import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from tqdm import tqdm
 
 from slime_convert.hf_io import INDEX_NAME
 from slime_convert.staged import staged_output
-from slime_core.fp8 import FP8_DTYPE, SCALE_SUFFIX, Fp8Config, quantize_named
+from slime_core.fp8 import FP8_DTYPE, SCALE_SUFFIX, Fp8Config, is_quantized_weight, quantize_named
 from slime_core.hf_checkpoint import read_weight_map
 from slime_core.safetensors_io import save_safetensors
 
@@ -60,9 +63,10 @@ def hf_to_fp8(
     Raises:
         FileNotFoundError: `hf_dir` has no config.json or no safetensors file.
         FileExistsError: `save_dir` exists and `force` is False (ValueError if it is or holds `hf_dir`).
-        ValueError: the input is already quantized, a block size is not positive, an input shard is not a
-            complete safetensors file, or the index names a shard that does not exist (named). Shards the index
-            does not name are not read (a warning names them).
+        ValueError: the input is already quantized, a block size is not positive, a weight SGLang fuses has a row
+            count that is not a multiple of the block's (`_check_servable_blocks`; named with its shape, before
+            anything is written), an input shard is not a complete safetensors file, or the index names a shard
+            that does not exist (named). Shards the index does not name are not read (a warning names them).
     """
     src, out = pathlib.Path(hf_dir), pathlib.Path(save_dir)
     if len(block_size) != 2 or min(block_size) <= 0:
@@ -77,11 +81,86 @@ def hf_to_fp8(
     if config.get("quantization_config"):
         raise ValueError(f"{config_path}: already quantized ({config['quantization_config'].get('quant_method')!r})")
     files = _input_shards(src)
+    _check_servable_blocks(src, _weight_shapes(files), (int(block_size[0]), int(block_size[1])))
     with staged_output(out, force=force, flag="--save", inputs={"--hf-checkpoint": src}) as tmp:
         cfg, num_quantized, total = _write_fp8(src, tmp, files, config, block_size, progress)
     logger.info("%s: %d weights quantized to FP8 (block %s), %d kept; %.2f GB", out, num_quantized,
                 list(cfg.weight_block_size), len(cfg.modules_to_not_convert), total / 1e9)  # fmt: skip
     return cfg
+
+
+# The weights SGLang loads into one fused linear layer (q/k/v_proj into qkv_proj, gate/up_proj into gate_up_proj,
+# an MoE expert's gate/up too): its FP8 block check (`Fp8LinearMethod.create_weights`, `Fp8MoEMethod`) needs each
+# part's rows to be a multiple of the block's, even on one GPU, since a block may not straddle two parts.
+_FUSED_PARTS = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$")
+_FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
+
+
+def _weight_shapes(files: list[pathlib.Path]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the floating tensors of `files`, read from their headers (no tensor data read).
+
+    Raises:
+        ValueError: a shard is not a complete safetensors file.
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 - a safetensors handle is not iterable
+                    view = handle.get_slice(name)
+                    if view.get_dtype() in _FLOAT_DTYPES:
+                        shapes[name] = tuple(view.get_shape())
+        except SafetensorError as e:  # a truncated copy
+            raise ValueError(f"{f}: not a complete safetensors file ({e})") from e
+    return shapes
+
+
+def _check_servable_blocks(src: pathlib.Path, shapes: dict[str, tuple[int, ...]], block: tuple[int, int]) -> None:
+    """Refuses a block SGLang cannot serve these weights with; warns when only the run's weight check cannot.
+
+    A fused part whose rows are not a multiple of the block's rows (qwen3-tiny's 16-row q_proj with 128 x 128
+    blocks) makes SGLang refuse the checkpoint when it loads; it was written and then refused by the run, whose
+    message named the weight check. A partial column block is served, but the weight check after each sync
+    dequantizes as SGLang's `/weights_checker` does, which takes it as a whole one (`slime_app.fp8_rollout`).
+
+    Raises:
+        ValueError: a fused part's rows are not a multiple of `block[0]`; names the weights, their shapes, the
+            block and a `--block-size` that fits.
+    """
+    cfg = Fp8Config(weight_block_size=block)
+    quantized = {
+        name: shape for name, shape in shapes.items()
+        if is_quantized_weight(name, torch.empty(shape, device="meta"), cfg)
+    }  # fmt: skip
+    rows = {n: shape for n, shape in quantized.items() if _FUSED_PARTS.search(n) and shape[-2] % block[0]}
+    cols = {n: shape for n, shape in quantized.items() if shape[-1] % block[1]}
+    if not rows and not cols:
+        return
+    # The largest power of two up to 128 that divides every fused part's rows and every weight's columns.
+    sizes = [shape[-2] for n, shape in quantized.items() if _FUSED_PARTS.search(n)]
+    sizes += [shape[-1] for shape in quantized.values()]
+    common = math.gcd(*sizes)
+    fits = min(common & -common, 128)
+    block_flag = f"--block-size {block[0]} {block[1]}"
+
+    def named(misfits: dict[str, tuple[int, ...]]) -> str:
+        shown = ", ".join(f"{n} {list(shape)}" for n, shape in list(misfits.items())[:3])
+        return shown + (f" and {len(misfits) - 3} more" if len(misfits) > 3 else "")
+
+    if rows:
+        raise ValueError(
+            f"--hf-checkpoint {src}: {len(rows)} weight(s) cannot be served in {block[0]}x{block[1]} FP8 blocks "
+            f"({block_flag}): SGLang fuses q/k/v_proj and gate/up_proj, and each part's row count must be a "
+            f"multiple of the block's {block[0]} rows ({named(rows)}); nothing was written. Pass a --block-size "
+            f"that divides them, e.g. --block-size {fits} {fits}"
+        )
+    logger.warning(
+        "--hf-checkpoint %s: %d weight(s) have a column count that is not a multiple of the %d-column block (%s): "
+        "SGLang serves them, but a run's weight check after each sync (--check-weight-sync, on by default) cannot "
+        "dequantize them as SGLang's checker does; such a run needs --no-check-weight-sync, or convert with "
+        "--block-size %d %d",
+        src, len(cols), block[1], named(cols), fits, fits,
+    )  # fmt: skip
 
 
 def _input_shards(src: pathlib.Path) -> list[pathlib.Path]:

@@ -148,6 +148,9 @@ def write_torch_dist(
     chunks: Sequence[LazyChunk],
     objects: dict[str, Any],
     common_state: dict[str, Any],
+    *,
+    force: bool = False,
+    inputs: dict[str, str | os.PathLike[str]] | None = None,
 ) -> None:
     """Writes a torch_dist checkpoint directory atomically (temp dir, then rename).
 
@@ -156,14 +159,14 @@ def write_torch_dist(
         chunks: every tensor chunk; together they must tile each global tensor exactly.
         objects: sharded objects by unique key (see `sharded_object_key`).
         common_state: what goes to `common.pt` (megatron's non-sharded state).
+        force: replace an existing `out_dir` (`-f/--force`), once the new one is complete.
+        inputs: the conversion's input folders by flag; an `out_dir` that is or holds one is refused.
 
     Raises:
-        FileExistsError: `out_dir` exists.
+        FileExistsError: `out_dir` exists and not `force`.
         ValueError: chunks overlapping or not covering a tensor, or a producer returning the wrong shape.
     """
-    # hf-to-mcore has no --force: an existing release directory is the user's to remove.
-    hint = "remove it or choose another --save"
-    with staged_output(out_dir, force=False, flag="--save", exists_hint=hint) as tmp:
+    with staged_output(out_dir, force=force, flag="--save", inputs=inputs) as tmp:
         writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, thread_count=1, overwrite=True)
         with _rank_errors(), _single_process():  # a producer's error names the tensor
             dcp.save({}, storage_writer=writer, planner=_LazySavePlanner(chunks, objects), no_dist=True)

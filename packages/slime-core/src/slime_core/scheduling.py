@@ -40,6 +40,7 @@ from collections.abc import Hashable, Sequence
 
 __all__ = [
     "DEFAULT_ATTN_COEF",
+    "RESPONSE_LENGTH_HINT",
     "Schedule",
     "assign_to_ranks",
     "balance_cost_bins",
@@ -327,7 +328,11 @@ def assign_to_ranks(bin_costs: Sequence[float], dp_size: int, *, balance: bool) 
 _warned_over_budget = False
 
 
-def _warn_over_budget(lengths: Sequence[int], dropped: Sequence[int], budget: int) -> None:
+#: What bounds a sample's length, as the over-budget warning suggests it: generated responses by default.
+RESPONSE_LENGTH_HINT = "lower --rollout-max-response-len"
+
+
+def _warn_over_budget(lengths: Sequence[int], dropped: Sequence[int], budget: int, length_hint: str) -> None:
     """Warns (once per process) that samples longer than the token budget get a micro-batch of their own.
 
     Such a micro-batch exceeds `--max-tokens-per-gpu` (as in the original, whose packing does the same): the memory
@@ -341,11 +346,11 @@ def _warn_over_budget(lengths: Sequence[int], dropped: Sequence[int], budget: in
     _warned_over_budget = True
     logger.warning(
         "%d samples are longer than --max-tokens-per-gpu x context-parallel size = %d tokens (the longest has %d): "
-        "each is a micro-batch of its own, over the budget (raise --max-tokens-per-gpu or lower "
-        "--rollout-max-response-len to stay within it)",
+        "each is a micro-batch of its own, over the budget (raise --max-tokens-per-gpu or %s to stay within it)",
         len(over),
         budget,
         max(over),
+        length_hint,
     )
 
 
@@ -383,6 +388,7 @@ def build_schedule(
     balance_by_flops: bool = False,
     cp_size: int = 1,
     attn_coef: float = DEFAULT_ATTN_COEF,
+    length_hint: str = RESPONSE_LENGTH_HINT,
 ) -> Schedule:
     """Builds the per-rank, per-step micro-batch schedule (see the module docstring).
 
@@ -401,6 +407,8 @@ def build_schedule(
         cp_size: context-parallel size; a micro-batch is split over CP ranks, so its budget is
             `max_tokens_per_gpu * cp_size`.
         attn_coef: quadratic coefficient of `sequence_cost`.
+        length_hint: how to keep samples shorter, as the warning about samples over the token budget suggests it
+            (an SFT run's conversations are bounded by its data's length limit, not by a response length).
 
     Returns:
         The `Schedule`.
@@ -437,7 +445,7 @@ def build_schedule(
 
     if use_dynamic_batch_size:
         assert max_tokens_per_gpu is not None
-        _warn_over_budget(lengths, dropped, max_tokens_per_gpu * cp_size)
+        _warn_over_budget(lengths, dropped, max_tokens_per_gpu * cp_size, length_hint)
     costs = [sequence_cost(n, attn_coef) for n in lengths]
     rank_mbs: list[list[list[list[int]]]] = [[] for _ in range(dp_size)]
     step_positions: list[list[int]] = []

@@ -23,7 +23,7 @@ from slime_core.estimators import get_estimator
 from slime_core.plugins import load_function
 from slime_core.routing_replay import validate_routes
 from slime_core.sample import Sample, Status
-from slime_core.scheduling import build_schedule
+from slime_core.scheduling import RESPONSE_LENGTH_HINT, build_schedule
 
 __all__ = [
     "build_rollout_batches",
@@ -38,6 +38,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _STD_EPS = 1e-6
+# An SFT run (`--loss-type sft_loss`) generates nothing: its samples are the dataset's conversations, which the data
+# source's length limit bounds (measured as trained), so that flag is what keeps them under the token budget.
+_SFT_LENGTH_HINT = "drop the longer conversations with --rollout-max-prompt-len"
 
 
 def _normalize_group(raw: np.ndarray, divide_by_std: bool) -> np.ndarray:
@@ -521,6 +524,7 @@ def build_rollout_batches(
         balance_data=cfg.balance_data,
         balance_by_flops=cfg.balance_by_flops,
         cp_size=cfg.context_parallel_size,
+        length_hint=_SFT_LENGTH_HINT if cfg.loss_type == "sft_loss" else RESPONSE_LENGTH_HINT,
     )
     _check_step_count(cfg, schedule.num_steps, len(set(keys)))
     step_sample_counts = [len(p) for p in schedule.step_positions]

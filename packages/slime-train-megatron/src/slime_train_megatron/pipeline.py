@@ -3,8 +3,9 @@
 `PipelineRunner.run` packs a step's micro-batches into THD rows (`packing.pack_thd`), feeds them to
 `get_forward_backward_func()` (so PP works unchanged) and collects what the caller's loss function returns on the
 last stage; the actor reads log-probs from the output, the critic values. Empty schedule slots run a 2-token dummy
-so the pipeline's and DDP's collectives stay aligned. Under context parallelism each rank holds its zigzag share of
-the positions (`packing.cp_zigzag_indices`); `gather_cp` puts per-position outputs back in sequence order.
+so the pipeline's and DDP's collectives stay aligned (kept out of the MoE router losses: `router_gate`). Under
+context parallelism each rank holds its zigzag share of the positions (`packing.cp_zigzag_indices`); `gather_cp`
+puts per-position outputs back in sequence order.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from slime_core.batch import RolloutBatch
 from slime_core.host_to_device import per_sample_on_host, to_device, to_device_many
 from slime_train_megatron.attention import AttentionKind
 from slime_train_megatron.packing import PackedBatch, cp_zigzag_indices, pack_thd
+from slime_train_megatron.router_gate import RouterLossGate
 from slime_train_megatron.settings import MegatronSettings
 
 __all__ = ["DeviceRows", "GatherCP", "MicroBatch", "PipelineRunner"]
@@ -97,8 +99,10 @@ class PipelineRunner:
     def __init__(self, model: Any, module: Any, settings: MegatronSettings, attention: AttentionKind) -> None:
         """Keeps references; builds nothing."""
         self.model, self.module, self.settings, self.attention = model, module, settings, attention
-        #: Training forwards run (micro-batches of `run(forward_only=False)`), which the router-loss metrics average.
+        #: Training forwards of real micro-batches (`run(forward_only=False)`, dummies not counted), which the
+        #: router-loss metrics average.
         self.train_micro_batches = 0
+        self.router_gate = RouterLossGate(module)
 
     @property
     def device(self) -> torch.device:
@@ -192,15 +196,19 @@ class PipelineRunner:
         mbs = self.micro_batches(batch, step)
         it = iter(mbs)
         results: list[Any] = []
+        num_real = sum(not mb.dummy for mb in mbs)
         if not forward_only:
-            self.train_micro_batches += len(mbs)
+            self.train_micro_batches += num_real
         # megatron-core divides each micro-batch loss by the micro-batch count and DDP averages gradients over DP×CP
         # (`calculate_per_token_loss=False`, as the original runs): undone here, so that the caller's losses add up.
         undo_mean = len(mbs) * parallel_state.get_data_parallel_world_size(with_context_parallel=True)
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
+            self.router_gate.begin_forward(mb.dummy)
             output = self.forward(model, mb)
+            if not forward_only:  # a dummy adds no router loss; the real ones' are divided by their own count
+                self.router_gate.watch_backward(output, mb.dummy, num_real)
 
             def loss_func(output_tensor):
                 loss, extra = loss_fn(output_tensor, mb)
@@ -211,15 +219,18 @@ class PipelineRunner:
 
             return output, loss_func
 
-        get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=it,
-            model=[self.model],
-            num_microbatches=len(mbs),
-            seq_length=max(mb.packed.tokens.shape[1] for mb in mbs),
-            micro_batch_size=1,
-            forward_only=forward_only,
-        )
+        try:
+            get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=it,
+                model=[self.model],
+                num_microbatches=len(mbs),
+                seq_length=max(mb.packed.tokens.shape[1] for mb in mbs),
+                micro_batch_size=1,
+                forward_only=forward_only,
+            )
+        finally:
+            self.router_gate.begin_forward(False)  # a forward outside the schedule is never a dummy's
         return results
 
     def broadcast_from_last_stage(self, obj: Any) -> Any:

@@ -27,8 +27,8 @@ def router_loss_metrics(num_moe_layers: int, num_micro_batches: int) -> dict[str
 
     Args:
         num_moe_layers: MoE layers of the whole model (every pipeline stage's).
-        num_micro_batches: training forwards since the last call on this rank (each step's micro-batches, the
-            schedule's empty-slot dummies included: they ran the router too).
+        num_micro_batches: training forwards since the last call on this rank (each step's micro-batches, not the
+            schedule's empty-slot dummies, whose routers track nothing: `router_gate`).
 
     Returns:
         `{"train/<name>": mean un-weighted loss}` for each loss megatron-core tracked (none with the losses off).

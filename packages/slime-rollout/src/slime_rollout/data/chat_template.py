@@ -43,8 +43,9 @@ def render_chat(
     template_kwargs: dict[str, Any] | None,
     where: str,
     why: str = "--apply-chat-template",
+    generation_prompt: bool = True,
 ) -> str:
-    """`renderer.apply_chat_template(...)` of a row's prompt with the generation prompt, checked.
+    """`renderer.apply_chat_template(...)` of a row's prompt (with the generation prompt by default), checked.
 
     Args:
         renderer: the tokenizer (or a vision-language processor) whose chat template renders the prompt.
@@ -53,7 +54,9 @@ def render_chat(
         template_kwargs: `--apply-chat-template-kwargs`.
         where: names the file and row in errors.
         why: what renders the prompt, as errors name it: the flag, or message prompts without it (which the
-            default generate function renders).
+            default generate function renders, or an SFT conversation, which the SFT rollout renders).
+        generation_prompt: add the template's generation prompt (`add_generation_prompt`): on for a prompt the
+            engine continues, off for a whole conversation that is trained on as it is.
 
     Returns:
         The rendered prompt text.
@@ -75,11 +78,11 @@ def render_chat(
         )
     try:
         text = renderer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **(template_kwargs or {})
         )
         # transformers hands `tools` to the template, and one without tool support ignores them.
         bare = renderer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **(template_kwargs or {})
         ) if tools else None  # fmt: skip
     except Exception as e:  # noqa: BLE001 - jinja's errors (UndefinedError, TemplateError, TypeError) name no row
         raise ValueError(f"{where}: the chat template ({why}) failed on this row: {type(e).__name__}: {e}") from None

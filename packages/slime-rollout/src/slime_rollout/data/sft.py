@@ -39,7 +39,7 @@ from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnTrainOutput
 from slime_rollout.data.prompt_length import model_context_len
 from slime_rollout.data.rows import prompt_problem
-from slime_rollout.data.source import get_tokenizer
+from slime_rollout.data.tokenizer import get_tokenizer
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs

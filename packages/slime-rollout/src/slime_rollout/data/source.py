@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slime_core.checkpoint_dirs import save_root
+from slime_core.plugins import PluginError
 from slime_core.sample import Sample
 from slime_rollout.data import multimodal
 from slime_rollout.data.buffer_filter import take_from_buffer
@@ -46,6 +47,7 @@ from slime_rollout.data.rows import (
     row_metadata,
     row_tools,
 )
+from slime_rollout.data.sft import generate_sft_rollout
 from slime_rollout.data.tokenizer import TOKENIZER_FILES, get_tokenizer
 from slime_rollout.plugins import load_function
 from slime_rollout.runtime.deadlines import call_in_thread_with_deadline, plugin_bounds
@@ -116,6 +118,7 @@ def rows_to_samples(
     processor_path: str | None = None,
     max_prompt_len_flag: str = "--rollout-max-prompt-len",
     key_flags: KeyFlags = TRAINING_KEY_FLAGS,
+    conversations: bool = False,
     number_prompts: bool = False,
 ) -> list[Sample]:
     """Turns dataset rows into prompt samples (no group/index yet).
@@ -146,6 +149,9 @@ def rows_to_samples(
         number_prompts: a custom generate function reads the prompts: a number (int or float) is taken as its text,
             as the original's tau-bench example needs (`--input-key index`, then `int(sample.prompt)`); without
             one, a number is refused (the default generate function would tokenize it).
+        conversations: the rows are whole conversations the SFT rollout trains on (`data.sft`): message prompts
+            are measured as it tokenizes them, without the template's generation prompt (which it never adds), and
+            template errors name it as what renders them.
 
     Raises:
         ValueError: a row lacks `input_key`, has an empty prompt, malformed metadata/tools, or a missing,
@@ -195,7 +201,12 @@ def rows_to_samples(
         elif isinstance(prompt, list) and tokenizer is not None and not image_key:
             # Messages without the flag: the default generate renders them with the template (`encode_prompt`), so
             # a role it drops is checked here too; the rendering is what the length filter measures.
-            measured = render_chat(tokenizer, prompt, tools=tools, template_kwargs=None, where=where, why=_MESSAGES)
+            # An SFT conversation is trained as rendered, with no generation prompt: measured with one, a conversation
+            # within a few tokens of the limit was dropped.
+            measured = render_chat(
+                tokenizer, prompt, tools=tools, template_kwargs=None, where=where,
+                why=_CONVERSATION if conversations else _MESSAGES, generation_prompt=not conversations,
+            )  # fmt: skip
             measured_tools = None
         if max_prompt_len is not None and (
             _prompt_len(tokenizer, prompt, images, processor_path, where) > max_prompt_len
@@ -230,6 +241,7 @@ def rows_to_samples(
 
 _ROWS_SHOWN = 20  # dropped rows named in the warning (the count covers them all)
 _MESSAGES = "a prompt of chat messages without --apply-chat-template (the default generate function renders it)"
+_CONVERSATION = "an SFT conversation (the SFT rollout renders it)"
 _DEFAULT_COLUMNS = frozenset({"metadata", "tools"})  # optional columns by default: many datasets have neither
 
 
@@ -248,6 +260,14 @@ def _warn_missing_columns(rows: Sequence[dict[str, Any]], source: str, columns: 
                 "%s: %d of %d rows have no %s %r (read without it; keys of the first row: %s)",
                 source, num_missing, len(rows), flag, key, sorted(rows[0]),
             )  # fmt: skip
+
+
+def _serves_sft(args: Any) -> bool:
+    """Whether `--rollout-function-path` is the SFT rollout, which trains on each row's whole conversation."""
+    try:
+        return load_function(args.rollout_function_path, flag="--rollout-function-path") is generate_sft_rollout
+    except PluginError:  # a bad path is the plugin check's error, reported where the rollout function is loaded
+        return False
 
 
 def _needs_tokenizer(args: Any, max_prompt_len: int | None, rows: Sequence[dict[str, Any]]) -> bool:
@@ -341,6 +361,7 @@ class RolloutDataSource:
             processor_path=args.hf_checkpoint,
             max_prompt_len_flag=flag,
             number_prompts=args.custom_generate_function_path is not None,
+            conversations=_serves_sft(args),
         )
         if not rows:
             raise ValueError(f"--prompt-data {args.prompt_data}: no rows")
