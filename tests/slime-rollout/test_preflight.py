@@ -387,9 +387,8 @@ def test_sglang_flags_the_reference_engine_ignores_are_noted(tmp_path):
     notes = [p.message for p in run_preflight_hooks(_cfg(data, *flags)) if "reference engines read only" in p.message]
     assert notes == [
         "--rollout-engine reference: the CPU reference engines read only --sglang-context-length, --sglang-dtype, "
-        "--sglang-max-running-requests and --sglang-num-threads; these have no effect in this run (SGLang engines "
-        "read them): "
-        "--sglang-enable-deterministic-inference --sglang-mem-fraction-static"
+        "--sglang-enable-deterministic-inference, --sglang-max-running-requests and --sglang-num-threads; these have "
+        "no effect in this run (SGLang engines read them): --sglang-mem-fraction-static"
     ]
     outside = _cfg(data, *flags, "--rollout-engine-urls", "http://127.0.0.1:1")
     assert not [p for p in run_preflight_hooks(outside) if "reference engines read only" in p.message]

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 __all__ = ["ReferenceKind", "build_reference_command", "preflight"]
 
 # The --sglang-* flags a reference engine reads (`build_reference_command`); it ignores the others.
-_READ_SGLANG_FLAGS = frozenset({"context_length", "dtype", "max_running_requests", "num_threads"})
+_READ_SGLANG_FLAGS = frozenset(
+    {"context_length", "dtype", "enable_deterministic_inference", "max_running_requests", "num_threads"}
+)
 
 
 def build_reference_command(
@@ -30,7 +32,8 @@ def build_reference_command(
 
     Args:
         cfg: run config; reads `hf_checkpoint`, `lora_rank`, `use_rollout_routing_replay` and, from `sglang_args`,
-            `max_running_requests` (64), `dtype` ("float32"), and `context_length` and `num_threads` when given.
+            `max_running_requests` (64), `dtype` ("float32"), and `context_length`, `num_threads` and
+            `enable_deterministic_inference` (a switch: the engine then runs one request at a time) when given.
         host: interface the server binds.
         port: its HTTP port.
         random_seed: its sampling seed.
@@ -59,6 +62,8 @@ def build_reference_command(
         cmd += ["--context-length", str(extra["context_length"])]
     if extra.get("num_threads"):
         cmd += ["--num-threads", str(extra["num_threads"])]
+    if _switch(extra.get("enable_deterministic_inference")):
+        cmd.append("--enable-deterministic-inference")  # bit-identical runs, as SGLang's deterministic mode
     if memory_saver:
         cmd.append("--enable-memory-saver")
     if needs_weights_backup(cfg, memory_saver=memory_saver):
@@ -66,6 +71,13 @@ def build_reference_command(
     if cfg.use_rollout_routing_replay:
         cmd.append("--enable-return-routed-experts")  # as SGLang's engines of the run
     return cmd
+
+
+def _switch(value: object) -> bool:
+    """A pass-through switch's value as given (`True`, or text from a YAML config) read as a boolean."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "0", "false", "no", "off")
+    return bool(value)
 
 
 def preflight(cfg: SlimeArgs) -> list[Problem]:
@@ -84,8 +96,8 @@ def preflight(cfg: SlimeArgs) -> list[Problem]:
     flags = " ".join(f"--sglang-{name.replace('_', '-')}" for name in ignored)
     return [Problem(
         message="the CPU reference engines read only --sglang-context-length, --sglang-dtype, "
-        "--sglang-max-running-requests and --sglang-num-threads; these have no effect in this run (SGLang engines "
-        f"read them): {flags}",
+        "--sglang-enable-deterministic-inference, --sglang-max-running-requests and --sglang-num-threads; these "
+        f"have no effect in this run (SGLang engines read them): {flags}",
         severity="note",
     )]  # fmt: skip
 

@@ -3,6 +3,7 @@
 Run:
     python -m slime_rollout.engines.reference --model-path DIR --port 30000 [--host 127.0.0.1]
         [--dtype float32] [--max-running-requests 64] [--random-seed 42] [--weight-version default]
+        [--enable-deterministic-inference]
 
 Flags are named like SGLang's `launch_server`; unknown SGLang flags are rejected with a clear error.
 """
@@ -56,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="as SGLang: requests with return_routed_experts get meta_info.routed_experts (MoE models)",
     )
+    p.add_argument(
+        "--enable-deterministic-inference",
+        action="store_true",
+        help="as SGLang: a request's tokens and log-probs do not depend on the requests batched with it (here: "
+        "requests run one at a time, much slower)",
+    )
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -74,9 +81,11 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer_path=args.tokenizer_path,
         context_length=args.context_length,
     )
-    app = build_app(
-        model, max_running_requests=args.max_running_requests, random_seed=args.random_seed, server_args=vars(args)
-    )
+    # Batched rows are left-padded to a common length and share matmuls whose blocking follows the batch's shape, so
+    # a row's log-probs change in the last bits with its batch-mates (and, rarely, a sampled token flips). One request
+    # at a time gives every request the same shapes whatever else arrived: bit-identical runs, at a batch of one.
+    batch = 1 if args.enable_deterministic_inference else args.max_running_requests
+    app = build_app(model, max_running_requests=batch, random_seed=args.random_seed, server_args=vars(args))
     logger.info("reference engine serving %s on http://%s:%d", args.model_path, args.host, args.port)
     uvicorn.run(
         app,
