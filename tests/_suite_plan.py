@@ -69,6 +69,7 @@ LONGEST_FIRST = (
     "tests/apps/test_geo3k_vlm_example.py",  # 98 s; about 91 s since one eval less (87.1 -> 81.2 CPU-s)
     "tests/slime-compat/test_original_plugin_e2e.py",  # 87 s (its run: 90 -> 82 CPU-s since, two pairs)
     "tests/apps/test_routing_replay_e2e.py",  # 82 s
+    "tests/apps/test_reproducibility_e2e.py",  # new: two 2-rollout demo-model runs, about 80 s (estimated)
     "tests/apps/test_fp8_rollout_e2e.py",  # 81 s
     "tests/apps/test_interrupts.py",  # 109 s then; 81 s since its three demo runs became two (122 -> 91 CPU-s)
     "tests/slime-train-megatron/test_layer_fusions.py",  # 76 s; about 68 s since one baseline run (72.8 -> 64.8 CPU-s)

@@ -1,4 +1,4 @@
-"""Two real runs with the same flags are bit-identical rollout by rollout, and a `--load` resume continues them so.
+"""Two real runs with the same flags are bit-identical rollout by rollout.
 
 Issue 27 (pass 81): the README promised that two runs with the same flags generate the same samples; the demo's
 runs drew the same tokens for 60 rollouts and then parted. The sampling seeds were per sample already; the CPU
@@ -6,7 +6,9 @@ reference engine's batching was not: a row's log-probs moved in their last bits 
 (which depends on timing), and once in a while a sampled token flipped. With `--sglang-enable-deterministic-inference`
 the reference engine now runs one request at a time (it noted the flag as having no effect). Digests compared per
 rollout: token ids, rewards, rollout log-probs (exact floats), the loss and grad norm, and the final HF weights.
-`--use-fault-tolerance` (health probes while generating) changes none of them.
+The second run adds `--use-fault-tolerance` (health probes while generating), which must change none of them: one
+run fewer in CI than checking the two claims apart. A `--load` resume's exactness is `test_loop_resume`'s and the
+async SIGKILL test's.
 """
 
 import hashlib
@@ -34,10 +36,10 @@ def _argv(out: pathlib.Path, *extra: str) -> list[str]:
         "--prompt-data", str(TRAIN_DATA), "--input-key", "prompt", "--label-key", "label",
         "--rm-type", "math", "--advantage-estimator", "grpo", "--seed", "1234",
         "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--global-batch-size", "32",
-        "--rollout-max-response-len", "8", "--rollout-temperature", "1.0", "--num-rollout", "3",
+        "--rollout-max-response-len", "8", "--rollout-temperature", "1.0", "--num-rollout", "2",
         "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1", "--colocate", "--lr", "5e-4",
         "--sglang-enable-deterministic-inference",
-        "--output-dir", str(out), "--save-hf", str(out / "hf"), "--save", str(out / "ckpt"), "--save-interval", "1",
+        "--output-dir", str(out), "--save-hf", str(out / "hf"),
         "--save-debug-rollout-data", str(out / "dumps" / "{rollout_id}.pt"),
         *extra,
     ]  # fmt: skip
@@ -70,31 +72,20 @@ def _weights(out: pathlib.Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def test_two_runs_and_a_resume_are_bit_identical_rollout_by_rollout(tmp_path, tb_scalars):
+def test_two_runs_are_bit_identical_rollout_by_rollout(tmp_path, tb_scalars):
     """The demo's model and prompts (rewards vary, so advantages, loss, grad norm and the weight updates are not 0)."""
-    first, second, watched = tmp_path / "first", tmp_path / "second", tmp_path / "watched"
-    resumed = tmp_path / "resumed"
+    first, watched = tmp_path / "first", tmp_path / "watched"
     _run(first)
-    _run(second)
     _run(watched, "--use-fault-tolerance", "--rollout-health-check-interval", "1")  # health probes while generating
-    _run(resumed, "--load", str(first / "ckpt"), "--ckpt-step", "1")  # continues at rollout 1
-    for rollout_id in range(3):
-        assert _rollout_digest(second, rollout_id) == _rollout_digest(first, rollout_id), rollout_id
+    for rollout_id in range(2):
         assert _rollout_digest(watched, rollout_id) == _rollout_digest(first, rollout_id), rollout_id
-    for rollout_id in (1, 2):
-        assert _rollout_digest(resumed, rollout_id) == _rollout_digest(first, rollout_id), rollout_id
-    assert not (resumed / "dumps" / "0.pt").exists()
     for key in ("train/loss", "train/grad_norm"):
         reference = tb_scalars(first / "tensorboard", key)
-        assert sorted(reference) == [0, 1, 2]
-        assert tb_scalars(second / "tensorboard", key) == reference
+        assert sorted(reference) == [0, 1]
         assert tb_scalars(watched / "tensorboard", key) == reference
-        assert tb_scalars(resumed / "tensorboard", key) == {k: reference[k] for k in (1, 2)}
-    reference = _weights(first)
-    for other in (second, watched, resumed):
-        weights = _weights(other)
-        assert weights.keys() == reference.keys()
-        assert all(torch.equal(weights[k], reference[k]) for k in reference)
+    reference, weights = _weights(first), _weights(watched)
+    assert weights.keys() == reference.keys()
+    assert all(torch.equal(weights[k], reference[k]) for k in reference)
     rewards = [s["reward"] for s in torch.load(first / "dumps" / "0.pt", weights_only=False)["samples"]]
     assert 0 < sum(rewards) < len(rewards)  # advantages, loss and grad norm are not all zero: the weights moved
     assert all(v != 0 for v in tb_scalars(first / "tensorboard", "train/grad_norm").values())
