@@ -142,23 +142,8 @@ def balance_token_bins(bins: list[list[int]], lengths: Sequence[int], max_tokens
         As many bins as `bins`, each sorted ascending, ordered by decreasing token count (ties by first
         position).
     """
-    positions = [p for b in bins for p in b]
-    alone = [[p] for p in positions if lengths[p] > max_tokens]
-    rest = sorted((p for p in positions if lengths[p] <= max_tokens), key=lambda p: (-lengths[p], p))
-    k = len(bins) - len(alone)
-    if k <= 0 or not rest:
-        return bins
-    heap = [(0, i) for i in range(k)]  # (tokens, bin id): the emptiest bin on top
-    out: list[list[int]] = [[] for _ in range(k)]
-    for pos in rest:
-        load, i = heapq.heappop(heap)
-        if load + lengths[pos] > max_tokens:
-            return bins  # the emptiest bin is full: no bin can take it
-        out[i].append(pos)
-        heapq.heappush(heap, (load + lengths[pos], i))
-    result = [sorted(b) for b in out if b] + alone
-    result.sort(key=lambda b: (-sum(lengths[p] for p in b), b[0]))
-    return result
+    # Cost = tokens: the cheapest bin with room is the emptiest (if it has none, no bin has).
+    return balance_cost_bins(bins, lengths, lengths, max_tokens)
 
 
 def balance_cost_bins(
