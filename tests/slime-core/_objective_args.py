@@ -5,14 +5,20 @@ Shared by `test_algo_objective.py` and `test_algo_custom_tis.py`; importable as 
 `sys.path`).
 """
 
+import functools
+
 from slime_core.config import SlimeArgs
 
 # Tolerances: the plain-Python reference runs in float64, the implementation in float32: atol 1e-5.
 ATOL = 1e-5
 
-# A real, validated run config; tests set fields with model_copy (no re-validation, so invalid combinations
-# reach the functions' own checks).
-CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
+
+@functools.cache
+def config() -> SlimeArgs:
+    """A real, validated run config; tests set fields with model_copy (no re-validation, so invalid combinations
+    reach the functions' own checks). Built at first use, not when conftest.py loads this module: a package's
+    isolation run loads that conftest before the root one registers the backend records validation reads."""
+    return SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
 
 
 def args(**kw) -> SlimeArgs:
@@ -37,4 +43,4 @@ def args(**kw) -> SlimeArgs:
         custom_pg_loss_reducer_function_path=None,
     )
     base.update(kw)
-    return CONFIG.model_copy(update=base)
+    return config().model_copy(update=base)

@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from slime_core_objective_args import ATOL, CONFIG
+from slime_core_objective_args import ATOL, config
 from slime_core_objective_args import args as _args
 
 from slime_core.algorithms import compute_actor_loss, compute_critic_loss, compute_sft_loss
@@ -273,7 +273,7 @@ def test_option_errors():
 
 
 def test_critic_loss_by_hand():
-    args = CONFIG.model_copy(update=dict(value_clip=0.2, calculate_per_token_loss=False))
+    args = config().model_copy(update=dict(value_clip=0.2, calculate_per_token_loss=False))
     values = [torch.tensor([1.5, 0.1, 2.0], requires_grad=True)]
     loss, metrics = compute_critic_loss(
         args,
@@ -294,7 +294,7 @@ def test_critic_loss_by_hand():
 def test_sft_loss():
     lp = [torch.tensor([-1.0, -3.0]), torch.tensor([-2.0])]
     loss, metrics = compute_sft_loss(
-        CONFIG.model_copy(update=dict(calculate_per_token_loss=False)),
+        config().model_copy(update=dict(calculate_per_token_loss=False)),
         log_probs=lp,
         loss_masks=[torch.tensor([1.0, 0.0]), torch.ones(1)],
         loss_denominators=[1.0, 1.0],
