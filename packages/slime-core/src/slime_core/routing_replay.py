@@ -63,10 +63,10 @@ def moe_shape(hf_config: dict[str, Any]) -> tuple[int, int] | None:
 
     These are the two trailing dimensions of SGLang's routed-experts array (its `RoutedExpertsCapturer`).
     """
+    from slime_core.config.architecture import config_num_experts  # here: the config package loads pydantic
+
     cfg = hf_config.get("text_config") if isinstance(hf_config.get("text_config"), dict) else hf_config
-    # transformers >= 5 writes `num_local_experts` for Qwen3-MoE; older configs `num_experts`; DeepSeek-style ones
-    # `n_routed_experts`.
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
+    experts = config_num_experts(cfg)
     topk = cfg.get("num_experts_per_tok")
     if not experts or not topk:
         return None
