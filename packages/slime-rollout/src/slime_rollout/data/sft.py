@@ -12,10 +12,13 @@ maps them to tokens. Types (the original's `--loss-mask-type` values):
 
 | type | chat format | trainable |
 |---|---|---|
-| `qwen` | ChatML (Qwen2.5) | assistant body incl. a leading `<think>` block |
+| `qwen` | ChatML (Qwen2.5); any other (Llama 3, GLM-4) | assistant body incl. a leading `<think>` block |
 | `qwen3` | ChatML (Qwen3) | the same, each turn rendered as the original does (below) |
 | `qwen3_5` | ChatML (Qwen3.5) | the same as `qwen` without the leading `<think>\n` line |
 | `distill_qwen` | DeepSeek-R1-Distill-Qwen | the last message (text + end-of-sentence token) after the earlier ones |
+
+On a template without ChatML's markers, `qwen` trains what each reply's rendering adds after the generation prompt of
+the messages before it (Llama 3: `hello<|eot_id|>`), as the original's message-by-message cut does.
 
 `qwen3` renders the conversation turn by turn, as the original's `gen_multi_turn_loss_mask_qwen3` does: each
 message (a run of tool messages as one) after a fixed user message, whose rendering is then cut off. Qwen3's template
@@ -112,7 +115,8 @@ class ChatLossMask:
 
         Raises:
             ValueError: the template's text does not re-tokenize to its own ids, or an assistant turn cannot be
-                found in the rendered text (a template this type does not describe).
+                found in the rendered text (a template this type does not describe; with `qwen` on a template
+                without ChatML markers, one that rewrites earlier turns).
         """
         if self.tokenizer_type == "distill_qwen":
             return self._distill(messages, tools)
@@ -125,6 +129,12 @@ class ChatLossMask:
         if ids != list(expected):
             raise ValueError(f"--loss-mask-type {self.tokenizer_type}: the chat template's text does not re-tokenize "
                              "to its own token ids; use a fast tokenizer of the same model")  # fmt: skip
+        if self.tokenizer_type == "qwen" and _START not in text:
+            # Not ChatML (Llama 3's `<|start_header_id|>`, GLM-4's `<|assistant|>`): the original's default type
+            # masks any template message by message; here each assistant turn is the text its rendering adds after
+            # the conversation so far with the generation prompt, as the model generates it.
+            marked = _generated_characters(self.tokenizer, text, messages, tools)
+            return ids, [1 if end > start and marked[start] else 0 for start, end in offsets]
         marked = self._marked_characters(text, messages)
         if self.tokenizer_type == "qwen":
             # A token is trained on if it starts in a turn's body: the original cuts the header's tokens from each
@@ -234,6 +244,36 @@ class ChatLossMask:
         if current:
             runs.append(current)
         return [self.tokenizer.decode(run) for run in runs]
+
+
+def _generated_characters(
+    tokenizer: Any, text: str, messages: list[dict[str, Any]], tools: list[dict] | None
+) -> list[int]:
+    r"""One flag per character of `text` (the whole conversation rendered): 1 where an assistant turn is generated.
+
+    Assistant turn `i` spans from the end of `messages[:i]` rendered with the generation prompt to the end of
+    `messages[: i + 1]` rendered without it, through its end-of-turn marker (Llama 3: `hello<|eot_id|>` after
+    `<|start_header_id|>assistant<|end_header_id|>\n\n`): the tokens the model writes after the prompt it is given.
+
+    Raises:
+        ValueError: the template does not render a conversation as its prefixes followed by each turn (it rewrites
+            earlier turns, as Qwen3's drops their reasoning); names the message.
+    """
+    marked = [0] * len(text)
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        prompt = tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False)
+        if not (upto.startswith(prompt) and text.startswith(upto)):
+            raise ValueError(
+                f"--loss-mask-type qwen: message {i} (assistant) does not render as the generation prompt of the "
+                "messages before it followed by the reply, within the whole conversation; this chat template "
+                "rewrites earlier turns, which no --loss-mask-type describes"
+            )
+        if message.get("step_loss_mask", 1) == 1:
+            marked[len(prompt) : len(upto)] = [1] * (len(upto) - len(prompt))
+    return marked
 
 
 def conversation_problem(messages: Any, tokenizer_type: str, input_key: str = "messages") -> str | None:
