@@ -102,3 +102,54 @@ def test_messages_stored_as_json_text_are_read_as_messages(tmp_path, qwen3_token
         f"{spec}: 1 of 3 --input-key prompts were JSON text of chat messages, read as the messages (first at line 1)"
         in caplog.text
     )
+
+
+_LLAMA3 = (  # Meta-Llama-3-8B-Instruct's chat template
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", ["qwen3", "llama3"])
+def test_a_prompt_rendered_already_is_refused_with_apply_chat_template(tmp_path, qwen3_tokenizer_dir, template):
+    # Reproducer: a prompt file of templated text with --apply-chat-template was wrapped a second time, silently:
+    # Qwen3's prompt became '<|im_start|>user\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n
+    # <|im_end|>\n<|im_start|>assistant\n', Llama 3's began with two <|begin_of_text|> (BOS twice); as the original.
+    import copy
+
+    from slime_rollout.data.source import encode_prompt, get_tokenizer, rows_to_samples
+
+    tok = get_tokenizer(str(qwen3_tokenizer_dir))
+    if template == "llama3":
+        tok = copy.deepcopy(tok)
+        headers = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+        tok.add_special_tokens({"bos_token": "<|begin_of_text|>", "additional_special_tokens": headers})
+        tok.chat_template = _LLAMA3
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2+2?"}], tokenize=False, add_generation_prompt=True
+    )
+    marker = "<|im_start|>" if template == "qwen3" else "<|begin_of_text|>"
+    spec = _write_jsonl(tmp_path / "d.jsonl", [{"q": "2+2?"}, {"q": rendered}])
+
+    def read(flag):
+        return rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", tokenizer=tok,
+                               apply_chat_template=flag)  # fmt: skip
+
+    with pytest.raises(ValueError, match=rf"d.jsonl line 2: message 0 \(role 'user'\) holds '{marker}', a marker the "
+                                         r"chat template writes itself: the text is rendered already, and "
+                                         r"--apply-chat-template renders it again"):  # fmt: skip
+        read(True)
+    # Without the flag the rendered text is the prompt as it is: one BOS (the template's; none added on encoding).
+    samples = read(False)
+    assert samples[1].prompt == rendered
+    ids = encode_prompt(tok, samples[1].prompt)
+    assert ids == tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True,
+                                          return_dict=False)  # fmt: skip
+    if template == "llama3":
+        assert ids.count(tok.bos_token_id) == 1
+    # Messages holding the markers without the flag (the default generate renders them) are refused too.
+    spec = _write_jsonl(tmp_path / "m.jsonl", [{"q": [{"role": "user", "content": rendered}]}])
+    with pytest.raises(ValueError, match=rf"m.jsonl line 1: message 0 \(role 'user'\) holds '{marker}'"):
+        read(False)

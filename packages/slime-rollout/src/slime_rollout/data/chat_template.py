@@ -13,6 +13,7 @@ one that tests `content is string` dropped it. A message's null `content`
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -91,7 +92,16 @@ def render_chat(
             f"{where}: the chat template ({why}) left out the row's tools (the prompt is the same without them): it "
             "renders no tool schemas; use a checkpoint whose template does, or give the rows no tools"
         )
+    markers = _template_markers(renderer)
     for i, message in enumerate(messages):
+        marker = next((m for m in markers for part in message_texts(message.get("content")) if m in part), None)
+        if marker is not None:
+            raise ValueError(
+                f"{where}: message {i} (role {message.get('role')!r}) holds {marker!r}, a marker the chat template "
+                f"writes itself: the text is rendered already, and {why} renders it again (the model saw them "
+                "twice: two BOS with a template that writes one); give the plain text, or a rendered prompt as a "
+                "string without --apply-chat-template"
+            )
         if message.get("role") == "assistant":
             continue
         content = message.get("content")
@@ -114,6 +124,24 @@ _LEFT_OUT_ROLE = ": it renders only the roles it knows (system, user, assistant,
 _LEFT_OUT_PART = (
     ": its content is a list of parts, which this template does not render as text; give the content as a string"
 )
+
+
+@functools.lru_cache(maxsize=8)
+def _template_markers(renderer: Any) -> tuple[str, ...]:
+    """The special tokens the chat template writes around a plain user turn and its generation prompt.
+
+    ChatML's `<|im_start|>`, `<|im_end|>`; Llama 3's `<|begin_of_text|>`, `<|start_header_id|>`, ... A message
+    holding one was rendered before (a prompt file of templated text). Empty when the probe does not render.
+    """
+    tokenizer = getattr(renderer, "tokenizer", renderer)  # a vision-language processor renders with its tokenizer
+    special = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special]
+    try:
+        probe = renderer.apply_chat_template(
+            [{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True
+        )
+    except Exception:  # noqa: BLE001 - a template that wants other content (parts) or roles: no markers known
+        return ()
+    return tuple(t for t in special if t and t in probe)
 
 
 def _as_python_text(parts: list[Any], text: str) -> bool:
