@@ -55,3 +55,31 @@ def test_the_bufferless_data_source_really_refuses_the_groups_handed_back():
     # What the check foresees: the default rollout's add_samples call on this class fails.
     with pytest.raises(RuntimeError, match="has no buffer"):
         RolloutDataSource.add_samples(object.__new__(RolloutDataSource), [[]])
+
+
+def _stop_problems(tmp_path, *extra):
+    data = _write(tmp_path / "d.jsonl", {"prompt": "p", "label": "1"})
+    return [m for m in _errors(_cfg(data, "--rm-type", "math", *extra)) if "--rollout-stop" in m]
+
+
+def test_stops_that_cannot_stop_a_response_as_meant_are_refused(tmp_path):
+    # Reproducer: `--rollout-stop ""` (a script's unset $STOP) was sent to every request, and SGLang finds "" in any
+    # text: every response ended after one token. Stop ids below 0 or past the vocabulary were never sampled.
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3", "vocab_size": 100}')
+    assert _stop_problems(tmp_path, "--rollout-stop", "</answer>", "", "--rollout-stop-token-ids", "7") == [
+        "--rollout-stop ['</answer>', '']: an empty stop string is found in any text, so the engines end every "
+        "response after its first token; drop it"
+    ]
+    assert _stop_problems(tmp_path, "--hf-checkpoint", str(model), "--rollout-stop-token-ids", "99", "100", "-1") == [
+        "--rollout-stop-token-ids [100, -1]: not token ids the model samples (0 to 99, the vocabulary of "
+        "--hf-checkpoint), so they stop nothing; give the ids of the stop tokens (tokenizer.convert_tokens_to_ids)"
+    ]
+    # Without a readable config.json only a negative id is known to stop nothing.
+    assert _stop_problems(tmp_path, "--rollout-stop-token-ids", "100000", "-1") == [
+        "--rollout-stop-token-ids [-1]: not token ids the model samples (0 or more), so they stop nothing; give the "
+        "ids of the stop tokens (tokenizer.convert_tokens_to_ids)"
+    ]
+    assert _stop_problems(tmp_path, "--hf-checkpoint", str(model), "--rollout-stop", " ", "--rollout-stop-token-ids",
+                          "0", "99") == []  # fmt: skip

@@ -41,6 +41,7 @@ from slime_rollout.data.source import DEFAULT_DATA_SOURCES, TOKENIZER_FILES, get
 from slime_rollout.generation.preflight import (
     env_path_problems,
     partial_rollout_without_buffer,
+    stop_problems,
     zero_std_filter_on_single_samples,
 )
 from slime_rollout.plugins import eval_function, load_function
@@ -81,7 +82,7 @@ def check(cfg: SlimeArgs) -> list[Problem]:
     problems += _length_limits(cfg)
     problems += _pass_through_flags(cfg) + _group_rm_eval(cfg) + zero_std_filter_on_single_samples(cfg)
     problems += _response_budget(cfg) + _no_prompts_to_generate(cfg) + partial_rollout_without_buffer(cfg)
-    problems += env_path_problems(cfg)
+    problems += env_path_problems(cfg) + stop_problems(cfg)
     files = (
         []
         if not cfg.prompt_data or cfg.load_debug_rollout_data

@@ -1,4 +1,4 @@
-"""Pre-launch checks of the rollout's flags: the dynamic filter, partial rollout against the data source, the env.
+"""Pre-launch checks of the rollout's flags: the dynamic filter, partial rollout, the env, the stop strings and ids.
 
 Run by `slime_rollout.preflight.check` (so by `--dry-run` too): a combination that fails at the end of the first
 rollout is one line before anything starts.
@@ -6,6 +6,8 @@ rollout is one line before anything starts.
 
 from __future__ import annotations
 
+import json
+import pathlib
 from typing import TYPE_CHECKING
 
 from slime_core.registry import Problem
@@ -15,7 +17,12 @@ from slime_rollout.plugins import load_function
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
 
-__all__ = ["env_path_problems", "partial_rollout_without_buffer", "zero_std_filter_on_single_samples"]
+__all__ = [
+    "env_path_problems",
+    "partial_rollout_without_buffer",
+    "stop_problems",
+    "zero_std_filter_on_single_samples",
+]
 
 
 def partial_rollout_without_buffer(cfg: SlimeArgs) -> list[Problem]:
@@ -100,3 +107,43 @@ def env_path_problems(cfg: SlimeArgs) -> list[Problem]:
         message = str(e)
         return [Problem(message=message if "--env-path" in message else f"--env-path {cfg.env_path}: {message}")]
     return []
+
+
+def stop_problems(cfg: SlimeArgs) -> list[Problem]:
+    """`--rollout-stop` strings and `--rollout-stop-token-ids` that cannot stop a response as meant.
+
+    Both go to every engine request (`build_sampling_params`). SGLang finds an empty stop string in any text, so each
+    response ended after its first token (`--rollout-stop ""`, from a script's unset variable); an id below 0 or past
+    the model's vocabulary (`vocab_size` of `--hf-checkpoint`'s config.json) is never sampled, so it stopped nothing.
+    Neither was said.
+    """
+    problems = []
+    if "" in (cfg.rollout_stop or []):
+        problems.append(Problem(message=(
+            f"--rollout-stop {cfg.rollout_stop}: an empty stop string is found in any text, so the engines end every "
+            "response after its first token; drop it"
+        )))  # fmt: skip
+    vocab = _vocab_size(cfg.hf_checkpoint)
+    never = [i for i in cfg.rollout_stop_token_ids or [] if i < 0 or (vocab is not None and i >= vocab)]
+    if never:
+        within = f"0 to {vocab - 1}, the vocabulary of --hf-checkpoint" if vocab is not None else "0 or more"
+        problems.append(Problem(message=(
+            f"--rollout-stop-token-ids {never}: not token ids the model samples ({within}), so they stop nothing; "
+            "give the ids of the stop tokens (tokenizer.convert_tokens_to_ids)"
+        )))  # fmt: skip
+    return problems
+
+
+def _vocab_size(hf_checkpoint: str | None) -> int | None:
+    """`vocab_size` of a local checkpoint's config.json (a multimodal model's `text_config`), or None."""
+    path = pathlib.Path(hf_checkpoint or "") / "config.json"
+    if not hf_checkpoint or not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # an unreadable config.json is named by the checks that need it
+        return None
+    for part in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
+        if isinstance(part, dict) and isinstance(part.get("vocab_size"), int):
+            return part["vocab_size"]
+    return None
