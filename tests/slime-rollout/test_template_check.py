@@ -63,3 +63,31 @@ def test_the_continuation_header_follows_the_template_kwargs(tok):
     assert (
         render_continuation(tok, TOOL, model_turn="x", template_kwargs={"enable_thinking": True}) == QWEN3_OBSERVATION
     )
+
+
+_GLM4 = (  # GLM-4's layout: a role token opens each turn, none closes one; the model stops on the next role token
+    "[gMASK]<sop>{% for m in messages %}{% if m['role'] == 'tool' %}<|observation|>\n{{ m['content'] }}{% else %}"
+    "<|{{ m['role'] }}|>\n{{ m['content'] }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_a_role_token_the_model_stopped_on_is_not_repeated(qwen3_tokenizer_dir, monkeypatch):
+    # Reproducer: a GLM-4 model ends a tool-calling turn with <|observation|> (a stop id of its generation config);
+    # the observation rendered after it began with <|observation|> again, so the trained stream held
+    # 'call<|observation|><|observation|>\n42<|assistant|>' where the template renders 'call<|observation|>\n42...'.
+    monkeypatch.setattr(template_check, "_heads", type(template_check._heads)())
+    tok = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
+    tok.add_special_tokens({"additional_special_tokens": ["[gMASK]", "<sop>", "<|user|>", "<|assistant|>",
+                                                          "<|observation|>"]})  # fmt: skip
+    tok.chat_template = _GLM4
+    assert render_continuation(tok, TOOL, model_turn="call<|observation|>") == "\n42<|assistant|>"
+    # A turn that stopped otherwise (its budget) gets the header.
+    assert render_continuation(tok, TOOL, model_turn="call") == "<|observation|>\n42<|assistant|>"
+    # The token stream (prompt, model turn, observation) is the template's tokenization of the conversation.
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "call"}, *TOOL]
+    prompt = tok.apply_chat_template(messages[:1], add_generation_prompt=True, return_dict=False)
+    turn = tok.encode("\ncall<|observation|>", add_special_tokens=False)
+    observation = tok.encode(render_continuation(tok, TOOL, model_turn=tok.decode(turn)), add_special_tokens=False)
+    assert prompt + turn + observation == tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                                   return_dict=False)  # fmt: skip

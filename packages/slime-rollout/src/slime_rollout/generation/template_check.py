@@ -147,7 +147,8 @@ def render_continuation(
         tokenizer: a Hugging Face tokenizer with a chat template.
         messages: the chat messages after the assistant turn (tool results, user turns, ...), in order.
         model_turn: decoded text of the model turn (special tokens kept); when it already ends with the
-            end-of-turn marker (the model emitted `<|im_end|>`), the marker is not repeated.
+            end-of-turn marker (the model emitted `<|im_end|>`), the marker is not repeated, nor a special token the
+            continuation opens with (GLM-4's model stops on `<|observation|>`, the tool turn's header).
         template_kwargs: the template variables the prompt was rendered with (`--apply-chat-template-kwargs`):
             the next assistant header is the template's for them (Qwen3's `enable_thinking: false` adds an empty
             `<think>\n\n</think>\n\n`; without them, turns after the first were prompted in thinking mode).
@@ -175,8 +176,17 @@ def render_continuation(
     text = rendered[cut + len(TEMPLATE_SENTINEL) :]
     eot = head.end_of_turn
     if eot and model_turn.rstrip().endswith(eot) and text.startswith(eot):
-        text = text[len(eot) :]
-    return text
+        return text[len(eot) :]
+    # A template without an end-of-turn marker (GLM-4's) opens the next turn with a role token that the model stops
+    # on (`<|observation|>`, `<|user|>`: stop ids of its generation config): the model wrote it, so it is not repeated.
+    closing = [t for t in _special_tokens(tokenizer) if model_turn.endswith(t) and text.startswith(t)]
+    return text[len(max(closing, key=len)) :] if closing else text
+
+
+def _special_tokens(tokenizer: Any) -> list[str]:
+    """The text of the tokenizer's special added tokens (`<|im_end|>`, `<|observation|>`, ...); [] for a stand-in."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return [t.content for t in decoder.values() if getattr(t, "special", False) and t.content]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
