@@ -188,7 +188,7 @@ def test_metadata_that_is_not_a_dict_names_the_row(tmp_path, metadata, shown):
     expected = (
         rf"m\.jsonl line 2: --metadata-key 'metadata' must hold a dict \(or its JSON\), got {re.escape(shown)}$"
         if shown
-        else r"m\.jsonl line 2: metadata is a string but not valid JSON: 'x'"
+        else r"m\.jsonl line 2: --metadata-key 'metadata' holds a string that is not valid JSON: 'x'"
     )
     with pytest.raises(ValueError, match=expected):
         RolloutDataSource(args)
@@ -218,7 +218,21 @@ def test_a_tools_string_json_cannot_decode_names_the_row(tmp_path, text):
     # (RecursionError) escaped as "Exceeds the limit (4300 digits) ..." / "maximum recursion depth", naming no row.
     rows = [{"question": "q", "answer": "1"}, {"question": "q", "answer": "2", "tools": text}]
     args = _args(prompt_data=_write_jsonl(tmp_path / "t.jsonl", rows))
-    with pytest.raises(ValueError, match=r"/t\.jsonl line 2: tools is a string but not valid JSON: "):
+    with pytest.raises(ValueError, match=r"/t\.jsonl line 2: --tool-key 'tools' holds a string that is not valid JSON"):
+        RolloutDataSource(args)
+
+
+def test_a_json_string_that_cannot_decode_names_the_key_flag_and_column(tmp_path):
+    # Reproducer: with --metadata-key extra a bad JSON string said "metadata is a string but not valid JSON",
+    # naming neither the flag nor the column the run reads (nor, for --tool-key fns, "tools").
+    rows = [{"question": "q", "answer": "1", "extra": "{bad", "fns": "[oops"}]
+    args = _args(prompt_data=_write_jsonl(tmp_path / "k.jsonl", rows), metadata_key="extra", tool_key="fns")
+    with pytest.raises(ValueError, match=r"k\.jsonl line 1: --metadata-key 'extra' holds a string that is not valid "
+                                         r"JSON: '\{bad'$"):  # fmt: skip
+        RolloutDataSource(args)
+    rows[0]["extra"] = "{}"
+    args = _args(prompt_data=_write_jsonl(tmp_path / "k.jsonl", rows), metadata_key="extra", tool_key="fns")
+    with pytest.raises(ValueError, match=r"k\.jsonl line 1: --tool-key 'fns' holds a string that is not valid JSON: "):
         RolloutDataSource(args)
 
 

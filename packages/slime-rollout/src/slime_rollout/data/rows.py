@@ -56,7 +56,7 @@ def _maybe_json(value: Any, what: str, where: str) -> Any:
         except (ValueError, RecursionError):
             # ValueError: JSONDecodeError, or an integer past Python's 4,300-digit limit; RecursionError: nested past
             # the decoder's ~1,000 levels. Both escaped naming no row.
-            raise ValueError(f"{where}: {what} is a string but not valid JSON: {value[:80]!r}") from None
+            raise ValueError(f"{where}: {what} holds a string that is not valid JSON: {value[:80]!r}") from None
     return value
 
 
@@ -175,7 +175,7 @@ def row_metadata(
         ValueError: the value (or its JSON) is not a dict (a list of pairs was read as a dict, a number failed as
             "'int' object is not iterable" naming no row); the message names `where` and `flag`.
     """
-    value = _maybe_json(row.get(metadata_key), "metadata", where) if metadata_key else None
+    value = _maybe_json(row.get(metadata_key), f"{flag} {metadata_key!r}", where) if metadata_key else None
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -196,7 +196,7 @@ def row_tools(
             should either be a JSON schema, ..."; the original asserts a list); the message names `where` and
             `flag`.
     """
-    tools = _maybe_json(row.get(tool_key), "tools", where) if tool_key else None
+    tools = _maybe_json(row.get(tool_key), f"{flag} {tool_key!r}", where) if tool_key else None
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise ValueError(
             f"{where}: {flag} {tool_key!r} must hold a list of tool schemas (dicts) or its JSON, got "
