@@ -8,6 +8,7 @@ per tool turn where one is needed.
 import pytest
 from transformers import AutoTokenizer
 
+from slime_core.sample import Sample, Status
 from slime_rollout.generation import template_check
 from slime_rollout.generation.template_check import end_of_turn, render_continuation
 
@@ -34,7 +35,8 @@ def test_the_head_is_rendered_once_per_tokenizer(tok):
         expected = QWEN3_OBSERVATION.removeprefix("<|im_end|>" if model_turn.endswith("<|im_end|>") else "")
         assert render_continuation(tok, TOOL, model_turn=model_turn) == expected
     assert end_of_turn(tok) == "<|im_end|>"
-    assert tok.renders == [2, 3, 3, 3]  # the head once, then one continuation (head + tool message) per call
+    # The head once (with its user turn alone, prompted), then one continuation (head + tool message) per call.
+    assert tok.renders == [2, 1, 3, 3, 3]
 
 
 def test_another_template_is_rendered_anew_and_the_cache_is_bounded(tok, monkeypatch):
@@ -44,7 +46,7 @@ def test_another_template_is_rendered_anew_and_the_cache_is_bounded(tok, monkeyp
     assert end_of_turn(tok) == "[end]"  # not the first template's marker
     tok.chat_template += " "
     assert end_of_turn(tok) == "[end]"
-    assert tok.renders == [2, 2, 2]
+    assert tok.renders == [2, 1] * 3
     assert len(template_check._heads) == 2  # the oldest went
 
 
@@ -91,3 +93,12 @@ def test_a_role_token_the_model_stopped_on_is_not_repeated(qwen3_tokenizer_dir, 
     observation = tok.encode(render_continuation(tok, TOOL, model_turn=tok.decode(turn)), add_special_tokens=False)
     assert prompt + turn + observation == tok.apply_chat_template(messages, add_generation_prompt=True,
                                                                    return_dict=False)  # fmt: skip
+    # The in-loop check (--check-chat-template-samples) agrees: it renders the model turn without the shared token.
+    last = tok.encode("\nIt is 42.<|user|>", add_special_tokens=False)  # the episode's last turn, stopped on <|user|>
+    sample = Sample(prompt=messages[:1], tokens=prompt + turn + observation + last, status=Status.COMPLETED)
+    sample.response_length = len(turn) + len(observation) + len(last)
+    template_check.record_segment(sample, "assistant", tok.decode(turn))
+    template_check.record_segment(sample, "observation", tok.decode(observation), tool_responses=["42"])
+    template_check.record_segment(sample, "assistant", tok.decode(last))
+    report = template_check.check_sample(tok, sample)
+    assert report.consistent, report.message

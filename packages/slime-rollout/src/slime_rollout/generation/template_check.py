@@ -81,6 +81,9 @@ class _Head:
 
     echoes: int  # how often the rendering holds the sentinel (a template may echo assistant content twice)
     end_of_turn: str  # the text after the assistant content, trailing newlines and spaces off
+    # The assistant header's text past the generation prompt, which the model writes itself: GLM-4 prompts with
+    # `<|assistant|>` and renders a turn as `<|assistant|>\n{content}`, so its model turns open with "\n".
+    header_rest: str
 
 
 _HEAD = ({"role": "user", "content": "u"}, {"role": "assistant", "content": TEMPLATE_SENTINEL})
@@ -108,7 +111,10 @@ def _head(tokenizer: Any) -> _Head:
         tail = rendered[rendered.rindex(TEMPLATE_SENTINEL) + len(TEMPLATE_SENTINEL) :].rstrip("\n ")
     else:
         tail = ""  # `render_continuation` refuses such a template; `end_of_turn` says it has no marker
-    head = _Head(echoes=rendered.count(TEMPLATE_SENTINEL), end_of_turn=tail)
+    prompt = render_messages(tokenizer, [dict(_HEAD[0])], add_generation_prompt=True)
+    first = rendered.find(TEMPLATE_SENTINEL)
+    rest = rendered[len(prompt) : first] if first >= 0 and rendered[:first].startswith(prompt) else ""
+    head = _Head(echoes=rendered.count(TEMPLATE_SENTINEL), end_of_turn=tail, header_rest=rest)
     if isinstance(template, str):
         with _heads_lock:
             _heads[key] = head
@@ -306,16 +312,29 @@ def _chat_messages(
     ):
         return None
     eot = end_of_turn(tokenizer)
+    rest = _head(tokenizer).header_rest
     messages = list(prompt)
-    for segment in segments:
+    for k, segment in enumerate(segments):
         if segment["role"] == "assistant":
             text = segment["content"].rstrip()
-            messages.append({"role": "assistant", "content": text.removesuffix(eot) if eot else text})
-        elif segment.get("messages") is not None:
-            messages += segment["messages"]
+            text = text.removesuffix(eot) if eot else text
+            text = text.removeprefix(rest) if rest.strip() == "" else text  # whitespace the template writes again
+            if not eot and k + 1 < len(segments) and segments[k + 1]["role"] == "observation":
+                # The role token the model stopped on opens the next turn (GLM-4): the template writes it there.
+                opening = render_continuation(tokenizer, _segment_messages(segments[k + 1]), model_turn="")
+                shared = [t for t in _special_tokens(tokenizer) if text.endswith(t) and opening.startswith(t)]
+                text = text[: len(text) - len(max(shared, key=len))] if shared else text
+            messages.append({"role": "assistant", "content": text})
         else:
-            messages += [{"role": "tool", "content": r} for r in segment["tool_responses"]]
+            messages += _segment_messages(segment)
     return messages
+
+
+def _segment_messages(segment: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The chat messages an observation segment was rendered from (its messages, or tool messages)."""
+    if segment.get("messages") is not None:
+        return list(segment["messages"])
+    return [{"role": "tool", "content": r} for r in segment["tool_responses"]]
 
 
 def checkable(sample: Sample) -> bool:
