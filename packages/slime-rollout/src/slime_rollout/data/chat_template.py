@@ -92,7 +92,8 @@ def render_chat(
             f"{where}: the chat template ({why}) left out the row's tools (the prompt is the same without them): it "
             "renders no tool schemas; use a checkpoint whose template does, or give the rows no tools"
         )
-    markers = _template_markers(renderer)
+    template = getattr(renderer, "chat_template", None)
+    markers = _template_markers(renderer, template if isinstance(template, str) else None)  # (a dict is unhashable)
     for i, message in enumerate(messages):
         marker = next((m for m in markers for part in message_texts(message.get("content")) if m in part), None)
         if marker is not None:
@@ -127,12 +128,14 @@ _LEFT_OUT_PART = (
 
 
 @functools.lru_cache(maxsize=8)
-def _template_markers(renderer: Any) -> tuple[str, ...]:
+def _template_markers(renderer: Any, template: Any) -> tuple[str, ...]:
     """The special tokens the chat template writes around a plain user turn and its generation prompt.
 
     ChatML's `<|im_start|>`, `<|im_end|>`; Llama 3's `<|begin_of_text|>`, `<|start_header_id|>`, ... A message
     holding one was rendered before (a prompt file of templated text). Empty when the probe does not render.
+    Cached per renderer and `template` (its `chat_template`, so a template set on the same tokenizer is probed anew).
     """
+    del template  # the cache key only
     tokenizer = getattr(renderer, "tokenizer", renderer)  # a vision-language processor renders with its tokenizer
     special = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special]
     try:
