@@ -213,7 +213,7 @@ def test_the_reward_post_process_runs_once_per_rollout_and_its_output_is_the_met
     # The rollout function's metrics, then the batches: was two calls (the metric's bounded only by the rollout's
     # deadline), a stateful plugin saw a different rollout each time.
     metrics = compute_rollout_metrics(cfg, [group], rollout_time=1.0)
-    assert "rollout/rewards" not in metrics and metrics["rollout/raw_reward"] == 0.5
+    assert not {"rollout/rewards", "rollout/raw_reward"} & set(metrics)  # logged from the plugin's output
     batches, reward_metrics = rollout_batches(
         PluginArgs.from_config(cfg), list(group), dp_size=1, rollout_id=0, build=not debug_rollout_only
     )
@@ -222,7 +222,8 @@ def test_the_reward_post_process_runs_once_per_rollout_and_its_output_is_the_met
         assert POST_PROCESS_CALLS == [] and reward_metrics == {} and batches == []
     else:
         assert POST_PROCESS_CALLS == [[0, 1]]  # once, in the training order
-        assert reward_metrics == {"rollout/rewards": 5.0}  # mean of [10.0, 0.0]
+        # rewards [10.0, 0.0] (mean 5.0), raw [1.0, 0.0] (mean 0.5): one group with a spread, no zero-std count.
+        assert reward_metrics == {"rollout/rewards": 5.0, "rollout/raw_reward": 0.5}
         assert batches[0].rewards == [10.0, 0.0] and batches[0].raw_rewards == [1.0, 0.0]
 
 
@@ -498,3 +499,41 @@ def test_the_rollout_rates_divide_by_the_logged_rollout_time():
     assert seconds >= 0.3
     assert metrics["perf/tokens_per_gpu_per_sec"] == pytest.approx(8 / seconds / 2, rel=1e-9)
     assert metrics["perf/longest_sample_tokens_per_sec"] == pytest.approx(5 / seconds, rel=1e-9)
+
+
+def test_the_originals_opd_plugins_run_through_the_rollout_metrics_and_batches():
+    """examples/on_policy_distillation/run-qwen3-8B-opd.sh, run unchanged: `--custom-rm-path
+    slime.rollout.on_policy_distillation.reward_func` makes each sample's reward the teacher's reply (a dict) and
+    `--custom-reward-post-process-path ...post_process_rewards` turns the replies into teacher log-probs and zero
+    rewards. The rollout's metrics read the replies as scores and the run stopped after its first rollout
+    ("reward is a dict with keys ['meta_info', 'output_ids', 'text']; set --reward-key"); the original logs the
+    rewards the plugin returned."""
+    from slime_app.rollout_manager import rollout_batches
+    from slime_core.config import PluginArgs
+    from slime_core.sample import Sample
+    from slime_rollout.runtime.metrics import compute_rollout_metrics
+
+    flags = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
+             "--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func",
+             "--custom-reward-post-process-path", "slime.rollout.on_policy_distillation.post_process_rewards",
+             "--rm-url", "http://127.0.0.1:1/generate", "--use-opd", "--opd-type", "sglang"]  # fmt: skip
+    cfg = parse_args([*BASE, *flags])
+
+    def teacher_reply(tokens, last):  # SGLang's input_token_logprobs from position 0: the first entry has none
+        logprobs = [[None, tokens[0], None]] + [[-0.5, t, None] for t in tokens[1:-1]] + [[last, tokens[-1], None]]
+        return {"text": "", "output_ids": [], "meta_info": {"input_token_logprobs": logprobs}}
+
+    groups = [
+        [Sample(index=2 * g + i, group_index=g, tokens=[1, 2, 3 + i], response_length=1, loss_mask=[1],
+                reward=teacher_reply([1, 2, 3 + i], -0.25 * (i + 1)), metadata={"raw_reward": 0.0})
+         for i in range(2)]
+        for g in range(2)
+    ]  # fmt: skip
+    metrics = compute_rollout_metrics(cfg, groups, rollout_time=1.0)
+    assert not any(k.startswith(("rollout/raw_reward", "rollout/rewards", "rollout/zero_std/")) for k in metrics)
+    samples = [s for g in groups for s in g]
+    batches, reward_metrics = rollout_batches(PluginArgs.from_config(cfg), samples, dp_size=1, rollout_id=0)
+    # Pure distillation: zero rewards, so both groups have no spread (count_0.0 = 2), as the advantages see them.
+    assert reward_metrics == {"rollout/raw_reward": 0.0, "rollout/rewards": 0.0, "rollout/zero_std/count_0.0": 2.0}
+    assert [s.teacher_log_probs for s in samples] == [[-0.25], [-0.5], [-0.25], [-0.5]]
+    assert batches[0].rewards == [0.0] * 4

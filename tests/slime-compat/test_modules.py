@@ -152,6 +152,19 @@ def test_rm_hub_graders():
     assert f1_score(None, "x") == (0.0, 0.0, 0.0) and f1_score("yes", "no") == (0.0, 0.0, 0.0)
 
 
+def test_dapo_compute_score_marks_no_answer_as_the_original():
+    """The original's `compute_score` gives `pred` "[INVALID]" when no `Answer:` line is found and None when
+    `strict_box_verify` finds no box; its examples branch on them (strands_sglang's reward_func grades again with
+    `strict_box_verify=True` when `pred == "[INVALID]"`; retool's turns a None `pred` into ""). Here `pred` was "":
+    strands' `... The answer is \\boxed{42}` scored -1.05 instead of 1.0 (the original, run on the same text)."""
+    from slime.rollout.rm_hub.math_dapo_utils import compute_score
+
+    boxed_only = "The tool says 42. The answer is \\boxed{42}"
+    assert compute_score(boxed_only, "42") == {"score": -1.0, "acc": False, "pred": "[INVALID]"}
+    assert compute_score(boxed_only, "42", strict_box_verify=True) == {"score": 1.0, "acc": True, "pred": "42"}
+    assert compute_score("Answer: 42", "42", strict_box_verify=True) == {"score": -1.0, "acc": False, "pred": None}
+
+
 def test_filter_hub():
     from slime.rollout.filter_hub.base_types import DynamicFilterOutput, call_dynamic_filter
     from slime.rollout.filter_hub.dynamic_sampling_filters import check_reward_nonzero_std

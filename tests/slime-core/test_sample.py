@@ -218,6 +218,26 @@ def test_vision_fields_survive_dict_and_json_round_trips():
     assert text_only.multimodal_inputs is None and text_only.multimodal_train_inputs is None
 
 
+def test_processor_lists_in_vision_inputs_survive_dict_and_json_round_trips():
+    """The original's examples/geo3k_vlm_multi_turn stores the processor's whole output (less input_ids and
+    attention_mask) as `multimodal_train_inputs`: with transformers 5 that holds `mm_token_type_ids` as nested int
+    lists next to the tensors. The original's `to_dict` keeps any value; ours raised AttributeError ('list' object
+    has no attribute 'detach') in `--save-debug-rollout-data` and the partial-rollout buffer."""
+    import json
+
+    import torch
+
+    s = _sample()
+    pixels = torch.arange(8, dtype=torch.float32).reshape(2, 4)
+    s.multimodal_train_inputs = {"pixel_values": pixels, "image_grid_thw": torch.tensor([[1, 1, 2]]),
+                                 "mm_token_type_ids": [[0, 0, 1, 1, 0]]}  # fmt: skip
+    for data in (s.to_dict(), json.loads(json.dumps(s.to_dict()))):
+        back = Sample.from_dict(data)
+        assert torch.equal(back.multimodal_train_inputs["pixel_values"], pixels)
+        assert back.multimodal_train_inputs["image_grid_thw"].tolist() == [[1, 1, 2]]
+        assert back.multimodal_train_inputs["mm_token_type_ids"] == [[0, 0, 1, 1, 0]]
+
+
 def test_bad_vision_tensor_in_a_dump_is_a_clear_error():
     data = _sample().to_dict()
     data["multimodal_train_inputs"] = {"pixel_values": {"dtype": "nope", "shape": [1], "data": [0.0]}}

@@ -38,6 +38,10 @@ async def inf_log_prob_on_a_masked_token(args, sample, sampling_params):
     return _plugin_sample(sample, log_probs=(-0.5, -math.inf, -0.25))
 
 
+async def none_log_prob_on_a_trained_token(args, sample, sampling_params):
+    return _plugin_sample(sample, log_probs=(-0.5, None, None))
+
+
 async def negative_token(args, sample, sampling_params):
     return _plugin_sample(sample, tokens=[*sample.tokens, 5, -1, 7])
 
@@ -63,6 +67,11 @@ async def response_length_unset(args, sample, sampling_params):
         ("fractional_token", ValueError, r"tokens\[2\]: token id 6\.5 is not a non-negative integer"),
         ("tokens_as_text", TypeError, r"tokens is str 'ABCDEF', not a list of token ids"),
         ("response_length_unset", TypeError, r"response_length is NoneType None, not an int"),
+        (
+            "none_log_prob_on_a_trained_token",
+            ValueError,
+            r"rollout_log_probs\[2\]: log-prob None is not a finite number",
+        ),
     ],
 )
 async def test_a_generate_function_s_bad_values_are_one_error_naming_it_and_the_sample(use_client, fn, error, why):
@@ -121,3 +130,20 @@ async def test_an_eval_sample_s_tokens_and_log_probs_are_not_checked(fn):
     args.custom_generate_function_path = f"{__name__}.response_length_unset"
     with pytest.raises(TypeError, match=r"sample 1: response_length is NoneType None, not an int$"):
         await generate_and_rm(args, Sample(prompt="p", tokens=[A], index=1, group_index=0), state)
+
+
+async def none_log_prob_on_a_masked_token(args, sample, sampling_params):
+    # The original's examples/strands_sglang with its pinned strands-sglang 0.4.2: the tool result's tokens (a prompt
+    # segment to strands) come with None log-probs, copied as they are into rollout_log_probs.
+    return _plugin_sample(sample, log_probs=(-0.5, None, -0.25))
+
+
+async def test_a_none_log_prob_on_a_masked_token_is_zero(use_client):
+    # Was: "rollout_log_probs[1]: log-prob None is not a finite number" (the original: a TypeError in its trainer), so
+    # the strands example stopped at its first tool call; nothing reads a masked position's log-prob.
+    use_client(FakeClient({0: [A], 1: [A]}))
+    args = _args(custom_generate_function_path=f"{__name__}.none_log_prob_on_a_masked_token")
+    out, _ = await generate_rollout_async(args, 0, ListDataSource(n=2))
+    samples = [s for group in out.samples for s in group]
+    assert [s.rollout_log_probs for s in samples] == [[-0.5, 0.0, -0.25]] * 4
+    assert [s.loss_mask for s in samples] == [[1, 0, 1]] * 4

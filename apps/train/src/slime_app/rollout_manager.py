@@ -14,7 +14,6 @@ import functools
 import gc
 import importlib
 import logging
-import statistics
 import threading
 import time
 import urllib.parse
@@ -47,8 +46,10 @@ def rollout_batches(
     """`slime_core.train_data.build_rollout_batches`, with `--custom-reward-post-process-path` called once.
 
     The plugin is user code: it runs once per rollout in a worker thread under `--plugin-timeout-secs` (one that never
-    returned stalled the run after the rollout with no word), and `rollout/rewards` is the mean of the rewards it
-    returned (the rollout's metrics leave that one out, so a stateful plugin sees one call per rollout, not two).
+    returned stalled the run after the rollout with no word), and the reward metrics come from what it returned
+    (`rollout/raw_reward`, `rollout/rewards`, `rollout/zero_std/*`, `passrate/*`:
+    `slime_rollout.runtime.metrics.post_processed_reward_metrics`; the rollout's metrics leave them out, so a
+    stateful plugin sees one call per rollout, not two, and a sample's reward need not be a score).
 
     Args:
         args: the plugin view (`slime_core.config.PluginArgs`).
@@ -58,14 +59,15 @@ def rollout_batches(
         build: False (`--debug-rollout-only`): nothing is built and the plugin does not run (as in the original).
 
     Returns:
-        One `RolloutBatch` per data-parallel rank (none when `build` is False), and `{"rollout/rewards": mean}` when
-        the plugin ran (else empty).
+        One `RolloutBatch` per data-parallel rank (none when `build` is False), and the reward metrics when the plugin
+        ran (else empty).
 
     Raises:
         DeadlineExceeded: the plugin ran past `--plugin-timeout-secs` (names it and the rollout).
     """
     from slime_core.train_data import build_rollout_batches, postprocess_rewards, sorted_by_index
     from slime_rollout.runtime.deadlines import call_plugin_with_deadline_sync, plugin_bounds
+    from slime_rollout.runtime.metrics import post_processed_reward_metrics
 
     if not build:
         # As the original's RolloutManager.generate: with --debug-rollout-only it returns before converting the samples
@@ -81,7 +83,7 @@ def rollout_batches(
     rewards = call_plugin_with_deadline_sync(
         postprocess_rewards, args, ordered, source=what, what=what, **plugin_bounds(args)
     )
-    metrics = {"rollout/rewards": statistics.fmean(rewards[1])}
+    metrics = post_processed_reward_metrics(args, ordered, rewards)
     batches = build_rollout_batches(args, ordered, dp_size=dp_size, rewards=rewards, vocab_size=vocab)
     return batches, metrics
 

@@ -164,7 +164,8 @@ class Sample:
             None for text-only prompts.
         multimodal_train_inputs: the processor's vision tensors for the trainer's forward, e.g.
             `{"pixel_values": [P, C*T*p*p] float32, "image_grid_thw": [num_images, 3] int64}` (`P` patches over
-            all images); None for text-only samples. Samples of one prompt group may share the tensors.
+            all images); None for text-only samples. A plugin may keep other processor outputs here (lists);
+            `to_dict` keeps them as they are. Samples of one prompt group may share the tensors.
         multimodal_train_input_id: cache id of `multimodal_train_inputs` (original field).
         rollout_routed_experts: `[len(tokens) - 1, num_hidden_layers, num_experts_per_tok]` int32 tensor, the
             experts the engine routed every token it ran to (`--use-rollout-routing-replay`; SGLang's
@@ -507,7 +508,12 @@ class Sample:
                 k: [encode_media(x) for x in v] if isinstance(v, list) else v for k, v in self.multimodal_inputs.items()
             }
         if self.multimodal_train_inputs is not None:
-            out["multimodal_train_inputs"] = {k: encode_tensor(v) for k, v in self.multimodal_train_inputs.items()}
+            # Tensors as builtins; any other value (transformers 5's `mm_token_type_ids` lists, which the original's
+            # geo3k_vlm_multi_turn example keeps from the processor's output) as it is, as the original's to_dict.
+            out["multimodal_train_inputs"] = {
+                k: encode_tensor(v) if callable(getattr(v, "detach", None)) else v
+                for k, v in self.multimodal_train_inputs.items()
+            }
         if self.rollout_routed_experts is not None:
             out["rollout_routed_experts"] = encode_tensor(as_int32(self.rollout_routed_experts))
         return out
@@ -554,7 +560,8 @@ class Sample:
         kwargs["status"] = as_status(kwargs.get("status", Status.PENDING), "Sample.from_dict")
         if kwargs.get("multimodal_train_inputs") is not None:
             kwargs["multimodal_train_inputs"] = {
-                k: decode_tensor(v) for k, v in kwargs["multimodal_train_inputs"].items()
+                k: decode_tensor(v) if isinstance(v, Mapping) else v
+                for k, v in kwargs["multimodal_train_inputs"].items()
             }
         routes = kwargs.get("rollout_routed_experts")
         if isinstance(routes, Mapping):

@@ -14,6 +14,7 @@ arrays stay accepted, as the original's trainer takes them.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from collections.abc import Sequence
@@ -24,6 +25,9 @@ from slime_core.sample import Sample
 from slime_rollout.generation.engine_reply import checked_log_prob, checked_token_id
 
 __all__ = ["check_plugin_sample_values"]
+
+logger = logging.getLogger(__name__)
+_logged_unset_masked = False
 
 
 def _as_list(value: Any, field: str, what: str, expected: str) -> list[Any]:
@@ -48,7 +52,8 @@ def check_plugin_sample_values(sample: Sample, *, trained: bool = True) -> None:
         TypeError: `response_length` is not an int; `tokens` (or `rollout_log_probs`) is not a list, tuple, tensor
             or array.
         ValueError: a token id that is not a non-negative integer (`tokens[i]`), a log-prob that is not a finite
-            number (`rollout_log_probs[i]`, masked positions included).
+            number (`rollout_log_probs[i]`, masked positions included; a None at a masked position is 0.0, see
+            `_zero_unset_masked`).
     """
     what = f"sample {sample.index}"
     if sample.metadata is None:
@@ -65,8 +70,40 @@ def check_plugin_sample_values(sample: Sample, *, trained: bool = True) -> None:
             checked_token_id(t, f"{what}: tokens[{i}]")
     if sample.rollout_log_probs is None:
         return
-    log_probs = _as_list(sample.rollout_log_probs, "rollout_log_probs", what, "a list of log-probs")
+    log_probs = _zero_unset_masked(
+        sample, _as_list(sample.rollout_log_probs, "rollout_log_probs", what, "a list of log-probs")
+    )
     # A finite sum of floats means every term is finite (nan and inf propagate); an overflowing sum rechecks each.
     if not (all(type(v) is float for v in log_probs) and math.isfinite(sum(log_probs))):
         for i, v in enumerate(log_probs):
             checked_log_prob(v, f"{what}: rollout_log_probs[{i}]")
+
+
+def _zero_unset_masked(sample: Sample, log_probs: list[Any]) -> list[Any]:
+    """`log_probs` with a None at a loss-masked position as 0.0 (set on `sample` too); other values as they are.
+
+    strands-sglang (the original's `examples/strands_sglang`, which pins 0.4.2) gives the tokens of a tool result, a
+    prompt segment it never sampled, a None log-prob; the example copies them into `rollout_log_probs`. Nothing reads
+    a masked position's log-prob (0.0 is what `append_response_tokens` writes there), so it is set to 0.0 here; the
+    original's trainer failed on the None (`torch.as_tensor`: "must be real number, not NoneType"). A None at a
+    trained position stays an error. The first such sample of a process is logged with its count.
+    """
+    global _logged_unset_masked
+    mask = sample.loss_mask
+    if mask is None or len(mask) != len(log_probs) or not any(v is None for v in log_probs):
+        return log_probs
+    unset = [i for i, v in enumerate(log_probs) if v is None and not mask[i]]
+    if not unset:
+        return log_probs
+    for i in unset:
+        log_probs[i] = 0.0
+    sample.rollout_log_probs = log_probs
+    if not _logged_unset_masked:
+        _logged_unset_masked = True
+        logger.info(
+            "sample %s: %d rollout log-probs of loss-masked tokens are None (e.g. strands-sglang's tool results); "
+            "set to 0.0, which nothing reads (logged for the first such sample only)",
+            sample.index,
+            len(unset),
+        )
+    return log_probs

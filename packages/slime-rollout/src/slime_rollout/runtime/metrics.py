@@ -39,6 +39,7 @@ __all__ = [
     "multi_turn_metrics",
     "non_generation_metrics",
     "pass_at_k",
+    "post_processed_reward_metrics",
     "response_metrics",
     "reward_category_shares",
     "reward_value",
@@ -47,6 +48,7 @@ __all__ = [
     "throughput_metrics",
     "top_p_kept_per_token",
     "zero_std_counts",
+    "zero_std_counts_of",
 ]
 
 # The original's repetition test (`has_repetition`): the last 10,000 characters of a response longer than that
@@ -252,15 +254,52 @@ def zero_std_counts(groups: Sequence[Sequence[Any]], reward_key: str | None) -> 
         groups: the accepted groups (nested lists of samples, as `flatten_groups` takes them).
         reward_key: `--reward-key`.
     """
-    counts: collections.Counter[str] = collections.Counter()
+    values = []
     for group in groups:
         members = flatten_groups([group])
-        if not members or any(s.reward is None for s in members):
-            continue
-        values = [s.get_reward_value(reward_key) for s in members]
-        if all(v == values[0] for v in values):
+        if members and all(s.reward is not None for s in members):
+            values.append([s.get_reward_value(reward_key) for s in members])
+    return zero_std_counts_of(values)
+
+
+def zero_std_counts_of(group_rewards: Sequence[Sequence[float]]) -> dict[str, float]:
+    """`rollout/zero_std/count_{r}` of groups given as their scalar rewards (`zero_std_counts` without samples)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for values in group_rewards:
+        if values and all(v == values[0] for v in values):
             counts[str(round(values[0], 1))] += 1
     return {f"rollout/zero_std/count_{value}": float(count) for value, count in counts.items()}
+
+
+def post_processed_reward_metrics(
+    cfg: SlimeArgs, samples: Sequence[Sample], rewards: tuple[Sequence[float], Sequence[float]]
+) -> dict[str, float]:
+    """The reward metrics of a rollout whose rewards come from `--custom-reward-post-process-path`.
+
+    With that plugin a sample's own reward may be anything the plugin reads (the original's on-policy distillation
+    plugins keep the teacher's reply there), so `rollout/raw_reward`, `rollout/zero_std/*` and `passrate/*` are
+    computed from what the plugin returned, as the original logs its `raw_reward` from the train data the plugin
+    produced: `rollout/raw_reward` and `rollout/rewards` are the means of its two lists, and the groups (samples of
+    equal `group_index`) for the zero-std counts and pass@k hold its raw rewards.
+
+    Args:
+        cfg: run config; reads `use_critic` (no zero-std counts then) and `log_passrate`.
+        samples: the rollout's samples, in the order the plugin got them.
+        rewards: the plugin's `(raw_rewards, rewards)`, one float per sample each.
+    """
+    raw, shaped = rewards
+    metrics = {"rollout/raw_reward": statistics.fmean(raw), "rollout/rewards": statistics.fmean(shaped)}
+    groups: dict[Any, list[float]] = {}
+    for sample, value in zip(samples, raw, strict=True):
+        groups.setdefault(sample.group_index, []).append(float(value))
+    if not cfg.use_critic:
+        metrics.update(zero_std_counts_of(list(groups.values())))
+    if cfg.log_passrate:
+        if len({len(g) for g in groups.values()}) == 1:
+            metrics.update({f"passrate/{k}": v for k, v in pass_at_k(list(groups.values())).items()})
+        else:
+            logger.warning("--log-passrate: groups of different sizes, pass@k skipped")
+    return metrics
 
 
 def reward_category_shares(samples: Sequence[Sample], category_key: str, prefix: str) -> dict[str, float]:
@@ -323,8 +362,9 @@ def compute_rollout_metrics(
         cfg: run config; reads `reward_key`, `use_critic` (no `rollout/zero_std/*` then), `rollout_num_gpus`
             (the `perf/*_per_gpu_*` divisor, at least 1), `log_passrate`, `log_reward_category`, and for
             `rollout/rewards` the reward-normalization flags used by `slime_core.train_data.postprocess_rewards`;
-            with `custom_reward_post_process_path` set, `rollout/rewards` is left to the caller that runs that
-            plugin (it must run once per rollout).
+            with `custom_reward_post_process_path` set, `rollout/raw_reward`, `rollout/rewards`,
+            `rollout/zero_std/*` and `passrate/*` are left to the caller that runs that plugin (it must run once per
+            rollout; `post_processed_reward_metrics`).
         groups: the accepted groups.
         rollout_time: wall-clock seconds of the rollout.
         drop_counts: groups dropped by the dynamic filter, per reason.
@@ -340,12 +380,12 @@ def compute_rollout_metrics(
         return metrics
     reward_key = cfg.reward_key
     scored = [s for s in samples if s.reward is not None or "raw_reward" in s.metadata]
-    if scored:
+    # With a reward post-process the rewards are what it returns; the caller that runs it logs them
+    # (`post_processed_reward_metrics`): the samples' own rewards may be no scores (teacher replies under OPD).
+    if scored and not cfg.custom_reward_post_process_path:
         raw = [reward_value(s, reward_key) for s in scored]
         metrics["rollout/raw_reward"] = statistics.fmean(raw)
-        # A --custom-reward-post-process-path plugin runs once per rollout, where the batches are built
-        # (slime_app.rollout_manager.rollout_batches), which logs `rollout/rewards` from that one call.
-        if len(scored) == len(samples) and not cfg.custom_reward_post_process_path:
+        if len(scored) == len(samples):
             metrics["rollout/rewards"] = statistics.fmean(postprocess_rewards(cfg, samples)[1])
         if not cfg.use_critic:
             metrics.update(zero_std_counts(groups, reward_key))
