@@ -1,4 +1,4 @@
-"""The reference engine's `/server_info` against SGLang 0.5.16's recorded reply (`tests/fixtures/sglang-wire/text.json`).
+"""The reference engine's `/server_info` against SGLang 0.5.16's recorded reply (`fixtures/sglang-wire/text.json`).
 
 `test_sglang_wire.py` compares `/server_info` by top-level type only (SGLang has ~300 server args); here the keys the
 two share must have SGLang's types, and the batch sizes must be what the scheduler runs.
@@ -46,8 +46,10 @@ def test_server_info_keys_shared_with_sglang_have_its_types(tiny_qwen3_dir):
     info, _, _ = _serve(tiny_qwen3_dir, "--enable-deterministic-inference")
     # SGLang resolves an unset tokenizer path to the model's (recorded: the same directory), as the engine loads it.
     assert recorded["tokenizer_path"] == recorded["model_path"] and info["tokenizer_path"] == str(tiny_qwen3_dir)
-    for have, want, where in [(info, recorded, "top level"),
-                              (info["internal_states"][0], recorded["internal_states"][0], "internal_states[0]")]:
+    for have, want, where in [
+        (info, recorded, "top level"),
+        (info["internal_states"][0], recorded["internal_states"][0], "internal_states[0]"),
+    ]:
         shared = sorted(set(have) & set(want))
         assert "max_running_requests" in shared and len(shared) >= 18, (where, shared)
         # None where SGLang's value is Optional and unset (max_running_requests, context_length).
