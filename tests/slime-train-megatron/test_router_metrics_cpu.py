@@ -2,14 +2,19 @@
 
 import json
 import pathlib
+import socket
 import subprocess
 import sys
 
 import pytest
 
-from .conftest import free_port
-
 pytest.importorskip("megatron.core")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def test_router_metrics_with_a_dense_pipeline_stage_agree_on_both_stages():
@@ -20,7 +25,7 @@ def test_router_metrics_with_a_dense_pipeline_stage_agree_on_both_stages():
     tracker) returned at once and stage 1 waited in the pipeline all-reduce: a hang (here: gloo's 30 s timeout).
     """
     worker = pathlib.Path(__file__).with_name("_router_pp2_worker.py")
-    proc = subprocess.run([sys.executable, str(worker), str(free_port())], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(worker), str(_free_port())], capture_output=True, text=True,
                           timeout=240)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
