@@ -28,9 +28,11 @@ class _Group:
     def _log(self, *what):
         self.events.append((self.role, *what))
 
+    compile_layers_flag = None  # what the group's `init` reports
+
     def init(self, cfg):
         self._log("init")
-        return TrainerStart(rollout_id=3 if self.role == "actor" else 2, compile_layers_flag=None)
+        return TrainerStart(rollout_id=3 if self.role == "actor" else 2, compile_layers_flag=self.compile_layers_flag)
 
     def wake_up(self):
         self._log("wake_up")
@@ -101,6 +103,15 @@ def test_shared_gpus_alternate_and_the_actor_trains_on_the_critic_values(caplog)
     events.clear()
     pair.update_weights(1, ["http://restarted:1"])  # a restarted engine's weights (fault tolerance's restorer)
     assert events == [("actor", "update_weights", 1, ["http://restarted:1"])]
+
+
+@pytest.mark.parametrize(("actor", "critic"), [(None, "--fsdp-compile-layers"), ("--fsdp-compile-layers", None)])
+def test_init_reports_the_critics_compile_flag_beside_the_actors(actor, critic):
+    """Issue 27: the pair returned the actor's start only, so the driver never heard that the critic compiles."""
+    pair, _ = _pair(shared=True)
+    pair.actor.compile_layers_flag, pair.critic.compile_layers_flag = actor, critic
+    assert pair.init(pair.cfg) == TrainerStart(rollout_id=3, compile_layers_flag=actor,
+                                               critic_compile_layers_flag=critic)  # fmt: skip
 
 
 def test_rollouts_without_explained_variance_are_counted_and_the_first_named(caplog):

@@ -292,3 +292,15 @@ def test_equal_rewards_do_not_warn_where_the_loss_reads_no_advantage(fields):
     # The same stream under the policy loss still warns.
     found = _stream(InstabilityMonitor(_cfg(rollout_max_response_len=None)), 6, r0=all_groups)
     assert [(f.rule, f.rollout_id) for f in found] == [("zero_advantage_groups", 0)]
+
+
+def test_equal_rewards_do_not_warn_under_on_policy_distillation():
+    # Reproducer: `uv run python -m slime_app.demo.opd` (no task reward: every group's rewards are 0) warned
+    # "INSTABILITY at rollout 0: zero_advantage_groups ... 64 of 64 groups (100.0%) have equal rewards (zero
+    # advantage)", though the OPD term -λ·(log p_student - log p_teacher) is in every token's advantage.
+    all_groups = {"rollout/zero_std/count_0.0": 8.0}  # 8 of 8 groups
+    opd = {"use_opd": True, "opd_type": "sglang", "rm_url": "http://127.0.0.1:1/generate"}
+    assert _stream(InstabilityMonitor(_cfg(rollout_max_response_len=None, **opd)), 6, r0=all_groups) == []
+    # Without a weight on the OPD term, equal rewards zero the advantage again.
+    off = _stream(InstabilityMonitor(_cfg(rollout_max_response_len=None, **opd, opd_kl_coef=0.0)), 6, r0=all_groups)
+    assert [(f.rule, f.rollout_id) for f in off] == [("zero_advantage_groups", 0)]

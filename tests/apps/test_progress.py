@@ -195,9 +195,10 @@ class _Manager:
     save = _Call(None)
 
 
-def _loop_phases(monkeypatch, compile_layers_flag=None, **fields):
+def _loop_phases(monkeypatch, compile_layers_flag=None, critic_compile_layers_flag=None, **fields):
     """The (name, rollout id) of every phase two steps of the loop start, with fake actors; the trainer's `init`
-    reported `compile_layers_flag` (`Run.compile_layers_flag`, None: eager layers)."""
+    reported `compile_layers_flag` (`Run.compile_layers_flag`, None: eager layers) and, PPO, the critic's
+    `critic_compile_layers_flag`."""
     cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 2, **fields})
 
     class Trainer:
@@ -220,6 +221,7 @@ def _loop_phases(monkeypatch, compile_layers_flag=None, **fields):
                                  "eval_line": lambda *a: None, "state": lambda self: {}})()  # fmt: skip
     monkeypatch.setattr(loop, "save_run_state", lambda *a: None)  # a save's run state goes nowhere here
     run.start_rollout_id, run.compile_layers_flag = 0, compile_layers_flag
+    run.critic_compile_layers_flag = critic_compile_layers_flag
     run.placement = types.SimpleNamespace(use_gpu=True)  # on GPUs, where layers compile by default
     run.goodput, run.instability = loop.GoodputMeter(cfg), loop.InstabilityMonitor(cfg)
     run.restorer = loop.EngineRestorer(cfg, run.manager, run.trainer)
@@ -258,3 +260,35 @@ def test_the_first_step_is_named_compile_only_where_the_trainer_reported_compili
     assert [p for p in started if p[0] not in ("weight sync", "rollout")] == [(first, 0), ("train", 1)]
     named = [r.getMessage() for r in caplog.records if "the first step compiles" in r.getMessage()]
     assert all(f"{reported}: the first step compiles" in m for m in named) and bool(named) is (reported is not None)
+
+
+@pytest.mark.parametrize(("actor", "critic", "critic_only", "expected"), [
+    # Issue 27: the critic's init reported nothing, so a PPO run whose critic compiles and actor does not named its
+    # first step "train"; with critic-only steps the actor's first step (rollout 1 here) was not named at all, and
+    # rollout 0 (the critic's alone) was named after the actor's flag.
+    (None, "--fsdp-compile-layers", 0,
+     [("compile+train", 0, "--fsdp-compile-layers: the critic's first step compiles"), ("train", 1, "")]),
+    ("--fsdp-compile-layers", "--fsdp-compile-layers", 0,
+     [("compile+train", 0, "--fsdp-compile-layers: the critic's and the actor's first steps compile"),
+      ("train", 1, "")]),
+    ("--megatron-compile-layers", "--megatron-compile-layers", 1,
+     [("compile+train", 0, "--megatron-compile-layers: the critic's first step compiles"),
+      ("compile+train", 1, "--megatron-compile-layers: the actor's first step compiles")]),
+    ("--megatron-compile-layers", None, 1,
+     [("train", 0, ""), ("compile+train", 1, "--megatron-compile-layers: the actor's first step compiles")]),
+    (None, None, 0, [("train", 0, ""), ("train", 1, "")]),
+])  # fmt: skip
+def test_a_ppo_run_names_the_step_where_the_critic_or_the_actor_compiles(monkeypatch, actor, critic, critic_only,
+                                                                         expected):  # fmt: skip
+    backend = "megatron" if "megatron" in str(actor) + str(critic) else "fsdp"
+    phases: list[tuple[str, int, str]] = []
+    real_phase = loop.Run._phase
+
+    def phase(self, name, rollout_id=None, detail=""):
+        phases.append((name, rollout_id, detail))
+        return real_phase(self, name, rollout_id, detail)
+
+    monkeypatch.setattr(loop.Run, "_phase", phase)
+    _loop_phases(monkeypatch, compile_layers_flag=actor, critic_compile_layers_flag=critic, train_backend=backend,
+                 advantage_estimator="ppo", num_critic_only_steps=critic_only)  # fmt: skip
+    assert [p for p in phases if p[0] in ("train", "compile+train")] == expected

@@ -240,3 +240,24 @@ def test_a_registered_backend_written_before_commit_save_still_saves_and_starts(
     rank.save(3, False)  # commits in save, as it always did
     rank.commit_save(3)  # nothing left to commit
     assert calls == [("save", 3)]
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_init_reports_the_roles_backend_compile_flag(monkeypatch, role):
+    # Issue 27: a critic rank answered `compile_layers_flag=None` whatever its backend compiled.
+    import torch.distributed as dist
+
+    from slime_app import train_actor as ta
+
+    class Backend:
+        compile_layers_flag = "--fsdp-compile-layers"
+
+        def init(self, cfg, **kwargs):
+            return 2
+
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: None)
+    monkeypatch.setattr(ta, "make_backend" if role == "actor" else "make_critic_backend", lambda cfg: Backend())
+    rank = ta.TrainActor(world_size=1, rank=0, master_addr="127.0.0.1", master_port=1)
+    rank.store = type("Store", (), {"set_timeout": lambda self, timeout: None})()
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "advantage_estimator": "ppo"})
+    assert rank.init(cfg, role) == ta.TrainerStart(rollout_id=2, compile_layers_flag="--fsdp-compile-layers")

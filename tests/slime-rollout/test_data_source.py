@@ -281,13 +281,13 @@ def test_prompts_longer_than_the_model_context_are_dropped_by_default(
     args = _args(**base)
     assert args.rollout_max_prompt_len is None
     start = time.monotonic()
-    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+    with caplog.at_level("WARNING", logger="slime_rollout.data"):
         ds = RolloutDataSource(args)
     elapsed = time.monotonic() - start
     assert [g[0].label for g in ds.get_samples(3)] == ["1", "4", "5"]
     assert max(encoded) < 1000  # the 20 MB prompt never reached the tokenizer
     assert elapsed < 10.0, elapsed  # reading and parsing the 20 MB line only (measured 0.19 s here)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "slime_rollout.data.source"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "slime_rollout.data.prompt_samples"]
     assert warnings == [
         f"{tmp_path / 'd.jsonl'}: dropped 2 of 5 prompts longer than --rollout-max-prompt-len (default: the context "
         "less one token)=63 tokens (lines 2, 3)"
@@ -332,7 +332,7 @@ def test_dropped_and_bad_rows_are_named_by_their_place_in_the_file(tmp_path, qwe
     ]
     for spec, count, where in cases:
         caplog.clear()
-        with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+        with caplog.at_level("WARNING", logger="slime_rollout.data"):
             rows_to_samples(load_prompt_rows(spec), source=spec, input_key="p", tokenizer=tok, max_prompt_len=20)
         assert [r.getMessage() for r in caplog.records] == [
             f"{spec}: {count} longer than --rollout-max-prompt-len=20 tokens {where}"
@@ -445,20 +445,20 @@ def test_an_optional_column_set_away_from_its_default_and_missing_is_counted(cap
     from slime_rollout.data.source import rows_to_samples
 
     rows = [{"q": "a", "meta": {"rm_type": "f1"}}, {"q": "b"}, {"q": "c"}]
-    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+    with caplog.at_level("WARNING", logger="slime_rollout.data"):
         samples = rows_to_samples(rows, source="d.jsonl", input_key="q", metadata_key="meta", tool_key="tool")
     assert [s.metadata for s in samples] == [{"rm_type": "f1"}, {}, {}]
     assert "d.jsonl: 2 of 3 rows have no --metadata-key 'meta'" in caplog.text
     assert "d.jsonl: 3 of 3 rows have no --tool-key 'tool'" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+    with caplog.at_level("WARNING", logger="slime_rollout.data"):
         rows_to_samples([{"q": "a"}], source="d.jsonl", input_key="q")  # the defaults: optional, not warned about
     assert "rows have no" not in caplog.text
 
 
 def test_a_rollout_batch_larger_than_the_data_is_said_with_its_counts(tmp_path, caplog):
     path = _write_jsonl(tmp_path / "d.jsonl", ROWS)
-    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+    with caplog.at_level("WARNING", logger="slime_rollout.data"):
         ds = RolloutDataSource(_args(prompt_data=path, rollout_batch_size=12))
     warned = [r.getMessage() for r in caplog.records if "--rollout-batch-size" in r.getMessage()]
     assert warned == [
@@ -468,7 +468,7 @@ def test_a_rollout_batch_larger_than_the_data_is_said_with_its_counts(tmp_path, 
     # What it says: one rollout's 12 groups are prompts 0-4, 0-4, 0-1 (no shuffle by default).
     assert [g[0].prompt for g in ds.get_samples(12)] == [f"q{i % 5}" for i in range(12)]
     caplog.clear()
-    with caplog.at_level("WARNING", logger="slime_rollout.data.source"):
+    with caplog.at_level("WARNING", logger="slime_rollout.data"):
         RolloutDataSource(_args(prompt_data=path, rollout_batch_size=5))
     assert not [r for r in caplog.records if "--rollout-batch-size" in r.getMessage()]
 

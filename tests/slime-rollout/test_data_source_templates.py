@@ -92,7 +92,7 @@ def test_messages_stored_as_json_text_are_read_as_messages(tmp_path, qwen3_token
     ]
     spec = _write_jsonl(tmp_path / "d.jsonl", rows)
     tok = get_tokenizer(str(qwen3_tokenizer_dir))
-    with caplog.at_level(logging.INFO, logger="slime_rollout.data.source"):
+    with caplog.at_level(logging.INFO, logger="slime_rollout.data"):
         samples = rows_to_samples(load_prompt_rows(spec), source=spec, input_key="q", label_key="a", tokenizer=tok,
                                   apply_chat_template=True)  # fmt: skip
     assert samples[0].prompt == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

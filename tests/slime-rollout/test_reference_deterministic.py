@@ -70,6 +70,16 @@ async def test_deterministic_engine_output_is_bit_identical_whatever_its_batch_m
     assert concurrent == sequential  # exact: token ids and every float of the log-probs
 
 
+async def test_the_launched_deterministic_engine_reports_the_batch_of_one_it_runs(deterministic_engine):
+    # The launcher passes --max-running-requests 64 with the flag; /server_info said 64 while requests ran one at a
+    # time (issue 27). Now both SGLang places say 1, and so does /v1/loads.
+    engine = EngineClient(deterministic_engine.urls[0], timeout=60)
+    info, loads = await engine.server_info(), await engine.get_loads()
+    assert info["enable_deterministic_inference"] is True and info["max_running_requests"] == 1
+    assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 1
+    assert loads["loads"][0]["max_running_requests"] == 1
+
+
 async def test_the_batching_engine_is_not_bit_identical(reference_engine, tokenizer):
     # Why the flag exists: the default engine batches, and a row's log-probs move with its batch-mates.
     sequential, concurrent = await _sequential_and_concurrent(reference_engine.urls[0], tokenizer)

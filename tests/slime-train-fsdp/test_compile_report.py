@@ -36,3 +36,25 @@ def test_init_reports_the_compile_decision_it_used(tmp_path, make_tiny_qwen3, on
     compiled = [m for m in backend.model.model.layers if getattr(m, "_compiled_call_impl", None) is not None]
     assert backend.compile_layers_flag == reported
     assert len(compiled) == (2 if reported else 0)  # the report is what init did to the layers
+
+
+@pytest.mark.parametrize(("fields", "reported"), [
+    ({}, None),
+    ({"fsdp_compile_layers": True}, "--fsdp-compile-layers"),
+])  # fmt: skip
+def test_the_critic_reports_the_compile_decision_it_used(tmp_path, make_tiny_qwen3, one_rank, fields, reported):
+    """Issue 27: the critic compiled its layers as the actor does but reported nothing, so a PPO run's first step
+    (the critic's) was not named "compile+train"."""
+    from slime_core.critic import critic_config
+    from slime_train_fsdp.critic_backend import FSDPCriticBackend
+
+    ckpt = make_tiny_qwen3(tmp_path / "model")
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "fsdp",
+                               "advantage_estimator": "ppo", "hf_checkpoint": str(ckpt), **fields})  # fmt: skip
+    critic = FSDPCriticBackend()
+    assert critic.compile_layers_flag is None
+    with torch._dynamo.config.patch(specialize_float=torch._dynamo.config.specialize_float):
+        assert critic.init(critic_config(cfg)) == 0
+    compiled = [m for m in critic.model.model.layers if getattr(m, "_compiled_call_impl", None) is not None]
+    assert critic.compile_layers_flag == reported
+    assert len(compiled) == (2 if reported else 0)

@@ -40,3 +40,27 @@ def test_init_reports_the_compile_decision_it_used(cpu_backend_env, tiny_hf, mon
     assert backend.init(cfg, with_ref=False) == 0
     assert len(calls) == int(compiled)
     assert backend.compile_layers_flag == ("--megatron-compile-layers" if compiled else None)
+
+
+@pytest.mark.parametrize(("flags", "compiled"), [([], True), (["--no-megatron-compile-layers"], False)])
+def test_the_critic_reports_the_compile_decision_it_used(cpu_backend_env, tiny_hf, monkeypatch, flags, compiled):
+    """Issue 27: the critic compiled its layers as the actor does but reported nothing (its first step, the run's
+    first with PPO, was not named "compile+train")."""
+    from slime_core.critic import critic_config
+    from slime_train_megatron import settings, trainer_parts
+    from slime_train_megatron.critic_backend import MegatronCriticBackend
+
+    rule = settings.compiles_layers
+    monkeypatch.setattr(trainer_parts, "compiles_layers", lambda s, *, cuda, **kw: rule(s, cuda=True, **kw))
+    calls = []
+    monkeypatch.setattr(trainer_parts, "compile_decoder_layers", lambda module: calls.append(module))
+    _, hf_dir = tiny_hf("qwen3")
+    cfg = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron",
+                               "advantage_estimator": "ppo", "hf_checkpoint": str(hf_dir),
+                               "megatron_args": ["--fp32", "--transformer-impl", "local",
+                                                 "--no-use-distributed-optimizer", *flags]})  # fmt: skip
+    critic = MegatronCriticBackend()
+    assert critic.compile_layers_flag is None
+    assert critic.init(critic_config(cfg)) == 0
+    assert len(calls) == int(compiled)
+    assert critic.compile_layers_flag == ("--megatron-compile-layers" if compiled else None)

@@ -15,6 +15,7 @@ tracker file is the commit point of a resume: a resumed critic loads the actor's
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
@@ -164,7 +165,10 @@ class ActorCritic:
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, cfg: SlimeArgs) -> TrainerStart:
-        """Initializes both groups; returns the actor's `TrainerStart` (a differing critic's start id is logged).
+        """Initializes both groups; returns the actor's `TrainerStart` with the critic's compile report.
+
+        A differing critic's start id is logged; the critic's `compile_layers_flag` comes back as
+        `critic_compile_layers_flag` (the driver names the critic's first step from it).
 
         On shared GPUs the actor sleeps while the critic is built, so the two models never hold the accelerator
         at once (as the original's offloaded PPO initialization). A resumed critic loads the actor's iteration
@@ -189,7 +193,7 @@ class ActorCritic:
                 start.rollout_id,
             )
         self._release_critic()
-        return start
+        return dataclasses.replace(start, critic_compile_layers_flag=critic_start.compile_layers_flag)
 
     @property
     def dp_ranks(self) -> list[int]:

@@ -21,7 +21,8 @@ jumping to 1e-4 is noise, not a jump). A rule warns when it starts firing and ag
 a lasting condition is one warning, not one per rollout. `--stop-on-instability` turns the first warning into
 a stop (`slime_app.guards.RunStopped`). `zero_advantage_groups` applies to group-wise estimators only (GRPO, RLOO,
 ...), where equal rewards in a group zero its advantages, and not where the loss reads no advantage (`--loss-type
-sft_loss`, `--disable-compute-advantages-and-returns`).
+sft_loss`, `--disable-compute-advantages-and-returns`) or on-policy distillation adds its term to every advantage
+(`--use-opd` with `--opd-kl-coef` > 0).
 """
 
 from __future__ import annotations
@@ -280,6 +281,10 @@ class InstabilityMonitor:
         if self.cfg.loss_type == "sft_loss" or self.cfg.disable_compute_advantages_and_returns:
             # No loss term reads an advantage (the SFT recipe's reward is 0 in every group of one): equal rewards
             # leave nothing untrained.
+            return []
+        if self.cfg.use_opd and self.cfg.opd_kl_coef > 0:
+            # On-policy distillation adds -λ·(log p_student - log p_teacher) to every token's advantage: a group of
+            # equal rewards still trains (the OPD demo has no task reward at all).
             return []
         frac = sum(counts) / self.cfg.rollout_batch_size
         if frac <= limit:

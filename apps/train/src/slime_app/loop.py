@@ -78,8 +78,10 @@ class Run:
     watch: ActorWatch | None = None  # None in tests that build a `Run` by hand: plain `ray.get`s
     manager_watched: Watched | None = None  # the rollout manager's process, watched by every wait on it
     # The flag under which the trainer compiled its layers (their first step compiles), as its `init` reported it
-    # (`TrainerStart.compile_layers_flag`); None: eager, or no trainer.
+    # (`TrainerStart.compile_layers_flag`); None: eager, or no trainer. PPO: the critic's, whose first step is the
+    # run's first (`TrainerStart.critic_compile_layers_flag`).
     compile_layers_flag: str | None = None
+    critic_compile_layers_flag: str | None = None
 
     def __init__(self, cfg: SlimeArgs):
         self.cfg = cfg
@@ -167,6 +169,7 @@ class Run:
                 with refused_input("the trainer ranks did not start"):
                     started = self.trainer.init(cfg)  # the actor pins --load's iteration (pin_load_step)
             start, self.compile_layers_flag = started.rollout_id, started.compile_layers_flag
+            self.critic_compile_layers_flag = started.critic_compile_layers_flag
             if start > 0 and cfg.load:
                 logger.info("resumed model, optimizer and scheduler from --load %s; next rollout %d", cfg.load, start)
         if cfg.start_rollout_id is not None:
@@ -285,8 +288,7 @@ class Run:
             batch_refs, metrics = self.rollouts.take(rollout_id)
         metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
         if not cfg.debug_rollout_only:
-            flag = self.compile_layers_flag if rollout_id == self.start_rollout_id else None
-            phase = ("compile+train", f"{flag}: the first step compiles") if flag else ("train", "")
+            phase = self._train_phase(rollout_id)
             with self._phase(phase[0], rollout_id, phase[1]):
                 metrics.update(self.train(rollout_id, batch_refs))
             # As the original's save_model: the HF export goes with every save (each --save-interval, each
@@ -318,14 +320,35 @@ class Run:
         self.tracker.rollout_done(rollout_id, metrics)
         if not cfg.debug_rollout_only and self._saves_after(rollout_id):
             self._commit(rollout_id)
-        # The actor's first step: after the critic-only warm-up (the weights are still the synced ones then).
-        first_actor_step = max(self.start_rollout_id, cfg.num_critic_only_steps if cfg.use_critic else 0)
-        if rollout_id == first_actor_step and not cfg.debug_rollout_only:
+        if rollout_id == self.first_actor_step and not cfg.debug_rollout_only:
             first_step_logprob_gate(cfg, metrics)  # after logging: the offending step stays on record
         self._stop_on(findings)
         if should_run(cfg.eval_interval, rollout_id, cfg.num_rollout, self.per_epoch):  # None: never
             self.rollouts.settle()
             self.evaluate(rollout_id + 1)
+
+    @property
+    def first_actor_step(self) -> int:
+        """The actor's first step: the run's first, or after the critic-only warm-up (`--num-critic-only-steps`)."""
+        return max(self.start_rollout_id, self.cfg.num_critic_only_steps if self.cfg.use_critic else 0)
+
+    def _train_phase(self, rollout_id: int) -> tuple[str, str]:
+        """The progress phase (name, detail) of rollout `rollout_id`'s training.
+
+        "compile+train" where a model's first step compiles its layers (as the trainers reported in `init`): the
+        critic's in the run's first step, the actor's in its own first step; else "train".
+        """
+        compiling = []
+        if self.critic_compile_layers_flag and rollout_id == self.start_rollout_id:
+            compiling.append((self.critic_compile_layers_flag, "the critic's"))
+        if self.compile_layers_flag and rollout_id == self.first_actor_step:
+            compiling.append((self.compile_layers_flag, "the actor's" if self.cfg.use_critic else "the"))
+        if not compiling:
+            return "train", ""
+        flags = " ".join(dict.fromkeys(flag for flag, _ in compiling))
+        whose = " and ".join(who for _, who in compiling)
+        verb = "steps compile" if len(compiling) > 1 else "step compiles"
+        return "compile+train", f"{flags}: {whose} first {verb}"
 
     def _commit(self, rollout_id: int) -> None:
         """Writes the run state of the saved `rollout_id`, then names its checkpoint in the tracker (the resume point).

@@ -4,7 +4,8 @@ Phases, in the order a run meets them: `ray` (the local node and the placement g
 processes up and healthy), `model load` (trainer ranks built, weights read), `weight sync` (a push into the engines),
 then per step `rollout`, `train` (`compile+train` for the first step when the trainer compiled the decoder
 layers, which compile at their first forward: `--fsdp-compile-layers` / `--megatron-compile-layers`, as its `init`
-reported), `save`, `weight sync`, and `eval`.
+reported; with PPO, the critic's first step, the run's first, and the actor's, after `--num-critic-only-steps`, each
+as its own `init` reported), `save`, `weight sync`, and `eval`.
 
 In a terminal, one rich line shows the current phase with its own timer next to the rollout bar (m/n, elapsed,
 remaining), live from the first phase on. Without a terminal (a log file, CI, `ray job submit`) nothing is redrawn:

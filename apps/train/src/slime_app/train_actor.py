@@ -85,11 +85,14 @@ class TrainerStart:
         rollout_id: the rollout id to start from (`--load`'s next rollout; 0 without a checkpoint).
         compile_layers_flag: the flag under which the backend compiled the decoder layers in `init` (they compile at
             the first forward), None when they run eagerly: the value the backend used
-            (`slime_core.protocols.TrainBackend.compile_layers_flag`); None for a critic group.
+            (`slime_core.protocols.TrainBackend.compile_layers_flag`); a critic group's: the critic's.
+        critic_compile_layers_flag: PPO: the critic's `compile_layers_flag` (its first step compiles), as
+            `slime_app.actor_critic.ActorCritic.init` reports it beside the actor's; None: eager, or no critic.
     """
 
     rollout_id: int
     compile_layers_flag: str | None
+    critic_compile_layers_flag: str | None = None
 
 
 class TrainActor:
@@ -167,7 +170,8 @@ class TrainActor:
         The critic's backend gets the critic's config (`slime_core.critic.critic_config`).
 
         Returns:
-            The start rollout id, and (the actor) whether the backend compiled its layers (`TrainerStart`).
+            The start rollout id, and whether the backend (the actor's or the critic's) compiled its layers
+            (`TrainerStart`).
         """
         import torch
         import torch.distributed as dist
@@ -198,9 +202,10 @@ class TrainActor:
             from slime_core.critic import critic_config
 
             self.backend = make_critic_backend(cfg)
-            return TrainerStart(rollout_id=int(self.backend.init(critic_config(cfg))), compile_layers_flag=None)
-        self.backend = make_backend(cfg)
-        start = int(self.backend.init(cfg, with_ref=cfg.with_ref))
+            start = int(self.backend.init(critic_config(cfg)))
+        else:
+            self.backend = make_backend(cfg)
+            start = int(self.backend.init(cfg, with_ref=cfg.with_ref))
         # Optional for a registered backend written before the attribute existed: it then reports no compilation.
         return TrainerStart(rollout_id=start, compile_layers_flag=getattr(self.backend, "compile_layers_flag", None))
 

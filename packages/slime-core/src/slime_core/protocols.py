@@ -136,7 +136,13 @@ class CriticBackend(Protocol):
 
     `train_critic` runs the shared critic step (`slime_core.critic.train_critic_on_rollout`); the backend supplies
     the value forward, collectives and optimizer (`slime_core.critic.CriticStepBackend`).
+
+    Attributes:
+        compile_layers_flag: set by `init`, as `TrainBackend.compile_layers_flag`: the flag under which it compiled
+            the value model's decoder layers (they compile in the critic's first step), None when they run eagerly.
     """
+
+    compile_layers_flag: str | None
 
     def init(self, cfg: SlimeArgs) -> int:
         """Builds the value model from the critic's config (`slime_core.critic.critic_config`); returns the start id."""

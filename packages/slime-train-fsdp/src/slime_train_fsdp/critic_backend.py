@@ -26,7 +26,7 @@ from slime_core.config import SlimeArgs
 from slime_core.critic import ValueLoss, train_critic_on_rollout
 from slime_core.host_to_device import per_sample_on_host
 from slime_train_fsdp.checkpoint import check_critic_checkpoint, save_checkpoint
-from slime_train_fsdp.model_loading import build_fsdp_model, default_device
+from slime_train_fsdp.model_loading import build_fsdp_model, compiles_layers, default_device
 from slime_train_fsdp.packing import pack_micro_batch, split_by_lengths
 from slime_train_fsdp.trainer_parts import (
     Residency,
@@ -94,6 +94,7 @@ class FSDPCriticBackend:
         self.global_step = 0
         self.residency: Residency | None = None
         self.step_metrics: list[dict[str, float]] = []
+        self.compile_layers_flag: str | None = None  # set by `init` (`CriticBackend.compile_layers_flag`)
 
     def init(self, cfg: SlimeArgs) -> int:
         """Builds the value model, optimizer and schedule; resumes a critic checkpoint (collective).
@@ -125,6 +126,8 @@ class FSDPCriticBackend:
             install=install_value_forward,
             flag="--hf-checkpoint" if source == str(cfg.hf_checkpoint) else "--critic-load",
         )  # fmt: skip
+        # The rule `build_fsdp_model` applied to the layers (the critic's config keeps the actor's compile flags).
+        self.compile_layers_flag = "--fsdp-compile-layers" if compiles_layers(cfg, self.device) else None
         self.optimizer, self.scheduler = build_optimizer(
             self.model, cfg, self.device, frozen_vision_tower(self.model, cfg)
         )

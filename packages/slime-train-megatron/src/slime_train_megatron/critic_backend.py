@@ -68,6 +68,7 @@ class MegatronCriticBackend:
         self.residency: Residency | None = None
         self.global_step = 0
         self.step_metrics: list[dict[str, float]] = []
+        self.compile_layers_flag: str | None = None  # set by `init` (`CriticBackend.compile_layers_flag`)
 
     def init(self, cfg: SlimeArgs) -> int:
         """Builds the value model, optimizer and schedule; resumes a critic checkpoint (collective).
@@ -96,6 +97,8 @@ class MegatronCriticBackend:
                                      s.tensor_model_parallel_size, value_head=True)  # fmt: skip
         parts = build_parallel_model(cfg, s, self.model_args, value_head=True)
         self.module, self.model = parts.module, parts.model
+        # As `build_parallel_model` resolved it (`settings.compiles_layers`), as the actor reports it.
+        self.compile_layers_flag = "--megatron-compile-layers" if s.megatron_compile_layers else None
         self.optimizer, self.scheduler = build_optimizer(parts, s, cfg)
         self.runner = PipelineRunner(self.model, self.module, s, parts.attention)
         self.residency = Residency(self.model, self.optimizer, cfg.offload_train_pin_memory)

@@ -131,10 +131,12 @@ class AlgorithmArgs(ArgsGroup):
     )
     opd_kl_coef: float = arg(1.0, "Weight of the OPD reverse-KL term in the advantages.", ge=0)
     opd_teacher_load: str | None = arg(
-        None, "Teacher checkpoint for a trainer-side teacher: an HF directory, or a Megatron torch_dist one (megatron)."
+        None,
+        "Teacher checkpoint for a trainer-side teacher: an HF directory, or the backend's own checkpoint (a torch_dist "
+        "one with megatron, an FSDP one with fsdp).",
     )
     opd_teacher_ckpt_step: int | None = arg(
-        None, "Iteration of a Megatron --opd-teacher-load to load (default: latest)."
+        None, "Iteration of a checkpoint --opd-teacher-load (torch_dist or FSDP) to load (default: latest)."
     )
     true_on_policy_mode: bool = arg(
         False,

@@ -39,8 +39,9 @@ from slime_core.config.validation_multimodal import check_multimodal_keys
 from slime_core.sample import Sample, Status
 from slime_rollout.base_types import RolloutFnEvalOutput
 from slime_rollout.data.prompt_length import default_max_prompt_len
+from slime_rollout.data.prompt_samples import rows_to_samples
 from slime_rollout.data.rows import TRAINING_KEY_FLAGS, KeyFlags, has_message_prompts
-from slime_rollout.data.source import get_tokenizer, load_prompt_rows, rows_to_samples
+from slime_rollout.data.source import get_tokenizer, load_prompt_rows
 from slime_rollout.generation.generate import build_sampling_params
 from slime_rollout.generation.group_rollout import RolloutState, generate_and_rm, seeded_params
 from slime_rollout.runtime import async_utils

@@ -23,7 +23,12 @@ logger = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parses the engine's command line (SGLang flag names)."""
+    """Parses the engine's command line (SGLang flag names), then resolves the values it serves with.
+
+    As SGLang's `ServerArgs` post-processing, which `/server_info` then reports: `tokenizer_path` defaults to
+    `model_path`, and `--enable-deterministic-inference` sets `max_running_requests` to 1 (here a request's
+    output is batch-invariant only when it runs alone; see `main`).
+    """
     p = argparse.ArgumentParser(prog="python -m slime_rollout.engines.reference", description=__doc__.splitlines()[0])
     p.add_argument("--model-path", required=True, help="HF model directory")
     p.add_argument("--tokenizer-path", default=None, help="tokenizer directory (default: --model-path)")
@@ -64,7 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "requests run one at a time, much slower)",
     )
     p.add_argument("--log-level", default="info")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.tokenizer_path = args.tokenizer_path or args.model_path
+    if args.enable_deterministic_inference and args.max_running_requests != 1:
+        logger.info("--enable-deterministic-inference: requests run one at a time (max_running_requests 1, not %d)",
+                    args.max_running_requests)  # fmt: skip
+        args.max_running_requests = 1
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,9 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     # Batched rows are left-padded to a common length and share matmuls whose blocking follows the batch's shape, so
     # a row's log-probs change in the last bits with its batch-mates (and, rarely, a sampled token flips). One request
-    # at a time gives every request the same shapes whatever else arrived: bit-identical runs, at a batch of one.
-    batch = 1 if args.enable_deterministic_inference else args.max_running_requests
-    app = build_app(model, max_running_requests=batch, random_seed=args.random_seed, server_args=vars(args))
+    # at a time gives every request the same shapes whatever else arrived: bit-identical runs, at a batch of one
+    # (`parse_args` set max_running_requests to 1 under --enable-deterministic-inference).
+    app = build_app(model, max_running_requests=args.max_running_requests, random_seed=args.random_seed,
+                    server_args=vars(args))  # fmt: skip
     logger.info("reference engine serving %s on http://%s:%d", args.model_path, args.host, args.port)
     uvicorn.run(
         app,

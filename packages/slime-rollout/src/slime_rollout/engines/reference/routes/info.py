@@ -99,17 +99,24 @@ def model_info(request: Request) -> dict[str, Any]:
 
 
 def server_info(request: Request) -> dict[str, Any]:
-    """The parsed CLI flags plus SGLang's run-time fields (`pid` tells a launcher it reached its own engine)."""
+    """SGLang 0.5.16's layout: the server args at the top and in `internal_states[0]`, beside the scheduler's state.
+
+    As recorded (`tests/fixtures/sglang-wire/text.json`): `internal_states[0]` repeats the server args and adds
+    `effective_max_running_requests_per_dp`, the batch the scheduler actually admits (here the one it was built
+    with: 1 under `--enable-deterministic-inference`), and `last_gen_throughput`. `num_running_reqs` and `paused`
+    there, and `pid` at the top (a launcher checks it reached its own engine), are the reference engine's own.
+    """
     engine = engine_of(request)
-    return {
-        **engine.server_args,
-        "weight_version": engine.weight_version,
-        "tp_size": 1,
-        "dp_size": 1,
-        "version": "slime-reference",
-        "pid": os.getpid(),
-        "internal_states": [{"num_running_reqs": engine.scheduler.num_running, "paused": engine.scheduler.paused}],
+    scheduler = engine.scheduler
+    args = {**engine.server_args, "weight_version": engine.weight_version, "tp_size": 1, "dp_size": 1}
+    state = {
+        **args,
+        "effective_max_running_requests_per_dp": scheduler.max_running_requests,
+        "last_gen_throughput": 0.0,
+        "num_running_reqs": scheduler.num_running,
+        "paused": scheduler.paused,
     }
+    return {**args, "version": "slime-reference", "pid": os.getpid(), "internal_states": [state]}
 
 
 router.add_api_route("/model_info", model_info, methods=["GET"])
