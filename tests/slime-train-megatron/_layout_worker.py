@@ -7,7 +7,8 @@ log-probs before and after one rollout's training (gathered over DP, keyed by sa
 
 Unlike the one-rank `cpu_backend_env` fixture, nothing of the backend is replaced: megatron-core's own optimizer (fp32,
 not distributed: that one needs CUDA tensors) and pipeline schedules run; only their `device="cuda"` tensor factories
-land on the CPU (`_TorchOnCpu`), with the RoPE-device, RNG-fork and synchronize shims of conftest.py.
+land on the CPU (`_TorchOnCpu`), with the RoPE-device, RNG-fork and synchronize shims of conftest.py. A scenario's
+`hf` names another HF directory than HF_DIR.
 """
 
 import contextlib
@@ -50,6 +51,8 @@ def _cpu_shims() -> None:
 
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *a: None
+    # Tied embeddings under PP: megatron-core moves the last stage's copy with `.cuda()` before summing the two stages'.
+    torch.Tensor.cuda = lambda self, *a, **k: self
     get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
     for module in (schedules, p2p_communication, optimizer, clip_grads):
         module.torch = _TorchOnCpu()
@@ -88,6 +91,7 @@ def _scenario(spec: dict, hf_dir: str) -> dict:
                kl_coef=0.0, use_kl_loss=False, entropy_coef=0.01, eps_clip=0.2)  # fmt: skip
     flags = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
     flags += ["--make-vocab-size-divisible-by", "1", *spec.get("flags", [])]
+    run["hf_checkpoint"] = spec.get("hf", hf_dir)
     cfg = SlimeArgs.from_dict({**run, **spec.get("cfg", {}), "megatron_args": flags})
     backend = MegatronTrainBackend()
     start = backend.init(cfg, with_ref=False)

@@ -1,9 +1,10 @@
 """The Megatron backend's first RL step under TP 2, PP 2 (uneven), DP 2 and torch_dist resharding, against one rank.
 
 Two gloo processes (`_layout_worker.py`, megatron-core's own optimizer and schedules) run the layouts one after
-another, then one process runs the same step on one rank and loads the TP 2 checkpoint. The model: a 3-layer Qwen3
-whose vocabulary (301) no TP size divides, padded with `--make-vocab-size-divisible-by 1` (301 rows at TP 1, 302 at
-TP 2). The batch: 6 samples in 2 optimizer steps of 3 (one micro-batch each: 3 per step, not a multiple of DP 2).
+another, then one process runs the same step on one rank and loads the TP 2 checkpoint. The models: a 3-layer Qwen3,
+and a Qwen2 with tied embeddings (PP 2 keeps a copy on each stage), whose vocabulary (301) no TP size divides, padded
+with `--make-vocab-size-divisible-by 1` (301 rows at TP 1, 302 at TP 2). The batch: 6 samples in 2 optimizer steps of
+3 (one micro-batch each: 3 per step, not a multiple of DP 2).
 
 Tolerances (fp32 throughout; the layouts only reorder sums): log-probs 2e-6 absolute before the first update; loss
 and grad norm 2e-6 absolute or 1e-6 relative; log-probs 1e-5 after two Adam steps (a step moves each weight by about
@@ -53,6 +54,12 @@ def layouts(tmp_path_factory):
             if "norm" in name:
                 p.normal_(1.0, 0.1)
     model.save_pretrained(root / "hf")
+    tied = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                vocab_size=301, max_position_embeddings=256, tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(1)
+    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model("qwen2", **tied)).save_pretrained(
+        root / "hf-tied"
+    )
     ckpt, load = root / "tp2-save", ["--load", str(root / "tp2-save"), "--ckpt-step", "0"]
     _launch(2, root / "hf", root, [
         {"name": "tp2", "flags": ["--tensor-model-parallel-size", "2", "--save", str(ckpt)], "save": True,
@@ -62,11 +69,13 @@ def layouts(tmp_path_factory):
         {"name": "dp2", "flags": []},
         {"name": "dp2_dynamic", "cfg": {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 20}},  # < 24, 33 tokens
         {"name": "pp2_per_token", "flags": PP_UNEVEN, "cfg": {"calculate_per_token_loss": True}},
+        {"name": "pp2_tied", "flags": PP_UNEVEN, "hf": str(root / "hf-tied")},
         {"name": "pp2_load_tp2", "flags": [*PP_UNEVEN, *load], "export_first": str(root / "export-pp2")},
     ])  # fmt: skip
     _launch(1, root / "hf", root, [
         {"name": "one"},
         {"name": "one_per_token", "cfg": {"calculate_per_token_loss": True}},
+        {"name": "one_tied", "hf": str(root / "hf-tied")},
         {"name": "tp1_load_tp2", "flags": load, "export_first": str(root / "export-tp1")},
         {"name": "tp1_finetune", "flags": [*load, "--finetune"]},
         {"name": "tp1_no_load_optim", "flags": [*load, "--no-load-optim", "--no-load-rng"]},
@@ -83,7 +92,7 @@ def _max_diff(a: dict, b: dict) -> float:
 @pytest.mark.parametrize(
     ("layout", "one"),
     [("tp2", "one"), ("tp2_sp", "one"), ("pp2", "one"), ("dp2", "one"), ("dp2_dynamic", "one"),
-     ("pp2_per_token", "one_per_token")],
+     ("pp2_per_token", "one_per_token"), ("pp2_tied", "one_tied")],
 )  # fmt: skip
 def test_a_layouts_first_step_is_the_one_rank_step(layouts, layout, one):
     """Log-probs, loss and grad norm as on one rank; rank 0's metrics (what the trainer group returns) are the last
