@@ -1,6 +1,7 @@
 """`--make-vocab-size-divisible-by`: HF → torch_dist → HF with a divisor other than 128, and its recorded value."""
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from slime_convert import ModelArgs, hf_to_mcore, mcore_to_hf
 from slime_convert.cli import main
 from slime_convert.load_shapes import check_torch_dist_checkpoint
 from slime_convert.torch_dist import TorchDistReader
-from slime_convert.vocab_padding import recorded_divisor
+from slime_convert.vocab_padding import check_vocab_rows, recorded_divisor
 
 pytest.importorskip("transformers")
 
@@ -129,13 +130,16 @@ def test_a_megatron_load_refuses_another_divisor_in_one_line(tiny_hf_model, tmp_
     assert "\n" not in message
     assert message.startswith(f"--ref-load {load}: written with --make-vocab-size-divisible-by 64, read with ")
     assert "--make-vocab-size-divisible-by 128" in message
-    # Same divisor, another TP: 320 rows stored, 384 built.
-    with pytest.raises(
-        ValueError,
-        match=r"embedding.word_embeddings.weight has 320 rows \(written with "
-        r"--make-vocab-size-divisible-by 64\), this run builds 384: .* × --tensor-model-parallel-size 2",
-    ):
-        check_torch_dist_checkpoint("--ref-load", load, args64, config_dir=hf_dir, tensor_model_parallel_size=2)
+    # Same divisor, another TP: 320 rows stored, 384 built; megatron-core reads the shared rows (allow_shape_mismatch),
+    # so it loads (a TP 2 save resumed at TP 1: test_parallel_layouts_cpu.py). It was refused.
+    check_torch_dist_checkpoint("--ref-load", load, args64, config_dir=hf_dir, tensor_model_parallel_size=2)
+    # Rows that cannot hold the vocabulary, or are padded by another scheme, are still refused in one line.
+    stored = {"embedding.word_embeddings.weight": ((320, 64), torch.float32)}
+    small = dataclasses.replace(ModelArgs.from_hf_dir(hf_dir, make_vocab_size_divisible_by=64), vocab_size=330)
+    with pytest.raises(ValueError, match=r"^--load x: embedding.word_embeddings.weight has 320 rows, this run builds "):
+        check_vocab_rows("--load x", stored, small, 1)
+    with pytest.raises(ValueError, match=r"has 320 rows, this run builds 384"):
+        check_vocab_rows("--load x", stored, ModelArgs.from_hf_dir(hf_dir), 1)  # 320 is no multiple of 128
     # An export (no TP given) drops the padding whatever it is.
     check_torch_dist_checkpoint("--ref-load", load, args128, config_dir=hf_dir)
 

@@ -221,6 +221,23 @@ def test_two_steps_compute_old_log_probs_once_and_average():
     assert all(backend.entropy_got_grad)  # --entropy-coef != 0: the entropy keeps its graph
 
 
+def test_a_pipeline_stage_without_the_loss_reports_the_last_stages_train_metrics():
+    """PP 2: rank 0 (first stage; a run logs its metrics) computes no loss and is handed the last stage's sums by
+    `reduce_metric_sums`; it reported no train/loss, pg_loss, entropy_loss, ... (named from its own empty metrics)."""
+    last = FakeBackend(_batch(2))
+    reduce = last.reduce_metric_sums
+    last.reduce_metric_sums = lambda sums: setattr(last, "sums", reduce(sums)) or last.sums
+    last_metrics, last_steps = train_on_rollout(_cfg(entropy_coef=0.01), last, 0, _batch(2))
+    first = FakeBackend(_batch(2))
+    first.forward_backward = lambda *args, **kwargs: []  # no loss on this stage
+    first.reduce_metric_sums = lambda sums: dict(last.sums)
+    first_metrics, first_steps = train_on_rollout(_cfg(entropy_coef=0.01), first, 0, _batch(2))
+    names = ("train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl", "train/entropy_loss")
+    assert last_metrics["train/loss"] != 0.0
+    for got, expected in zip([first_metrics, *first_steps], [last_metrics, *last_steps], strict=True):
+        assert {k: got[k] for k in names} == {k: expected[k] for k in names}
+
+
 @pytest.mark.parametrize("num_steps", [1, 2])
 def test_the_originals_trainer_side_rollout_means(num_steps):
     """`rollout/log_probs`, `rollout/ref_log_probs`, `rollout/advantages` as the original's `log_rollout_data`:

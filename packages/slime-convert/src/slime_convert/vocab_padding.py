@@ -90,7 +90,14 @@ def check_vocab_rows(
     tensor_model_parallel_size: int,
     recorded: int | None = None,
 ) -> None:
-    """Refuses an embedding/output layer whose row count is not the one the Megatron model is built with.
+    """Refuses an embedding/output layer whose rows the Megatron model cannot read its vocabulary from.
+
+    Rows that differ only through the TP degree the checkpoint was written at load: megatron-core marks the
+    embedding's and output layer's sharded tensors `allow_shape_mismatch`, reads the rows both shapes have and zeroes
+    the rest (padding rows past `vocab_size`, which never reach the log-probs or the engines), and so does the
+    optimizer state built from them. A checkpoint saved at TP 2 (rows a multiple of divisor × 2) therefore resumes at
+    TP 1 as Megatron-LM's would; this check refused it. Refused: fewer rows than `vocab_size`, or rows that are not
+    a multiple of the divisor (another padding scheme, where the rows may not line up).
 
     Args:
         where: how the message names the checkpoint.
@@ -107,6 +114,8 @@ def check_vocab_rows(
         if key not in stored or stored[key][0][0] == want:
             continue
         rows = stored[key][0][0]
+        if rows >= args.vocab_size and rows % args.make_vocab_size_divisible_by == 0:
+            continue  # padded for another TP degree: megatron-core reads the shared rows (see above)
         written = f" (written with --make-vocab-size-divisible-by {recorded})" if recorded is not None else ""
         raise ValueError(
             f"{where}: {key} has {rows} rows{written}, this run builds {want}: vocab_size={args.vocab_size} padded "

@@ -373,11 +373,18 @@ def _optimizer_step(
 def _step_metrics(
     cfg: SlimeArgs, batch: RolloutBatch, steps: list[tuple[dict[str, list], dict[str, float]]], reduced
 ) -> list[dict[str, float]]:
-    """Each step's `train/*` dict: its reduced metric sums over its denominator, then the step's own values."""
+    """Each step's `train/*` dict: its reduced metric sums over its denominator, then the step's own values.
+
+    The names come from `reduced`, not from this rank's `values`: a pipeline stage without the loss (every stage but
+    the last) computed none, and its `reduce_metric_sums` hands it the last stage's sums. Named from its own empty
+    `values`, the first stage (the rank whose metrics a run logs) reported no `train/loss` at PP > 1.
+    """
     out = []
-    for j, (values, own) in enumerate(steps):
+    for j, (_, own) in enumerate(steps):
         denominator = step_denominator(cfg, batch, j)
-        metrics = {f"train/{key}": reduced[f"steps/{j}/{key}"] / denominator for key in sorted(values)}
+        prefix = f"steps/{j}/"
+        names = sorted(key[len(prefix) :] for key in reduced if key.startswith(prefix))
+        metrics = {f"train/{key}": reduced[prefix + key] / denominator for key in names}
         out.append({**metrics, **own})
     return out
 

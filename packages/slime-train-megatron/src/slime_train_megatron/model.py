@@ -27,6 +27,7 @@ from slime_core.compile_setup import prepare_layer_compile
 from slime_train_megatron.attention import PackedCoreAttention, attention_kind
 from slime_train_megatron.layers import sandwich_norm_spec
 from slime_train_megatron.settings import MegatronSettings
+from slime_train_megatron.sp_norm import sequence_parallel_norms
 from slime_train_megatron.traceable import use_traceable_layer_pieces
 from slime_train_megatron.value_head import ValueHead, value_head_from_hf
 from slime_train_megatron.weights import merge_tp_shards, shard_for_tp
@@ -243,6 +244,8 @@ def build_gpt_model(
             spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
     if model_args.sandwich_norm:
         spec = sandwich_norm_spec(spec, use_te=kind == "transformer_engine")
+    if kind != "transformer_engine" and config.sequence_parallel:
+        spec = sequence_parallel_norms(spec, config)  # torch's norms refuse it unmarked (sp_norm.py)
     kwargs = model_args.gpt_model_kwargs(settings.tensor_model_parallel_size)
     if value_head:
         kwargs["share_embeddings_and_output_weights"] = False
