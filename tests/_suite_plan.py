@@ -56,22 +56,22 @@ FORKS_RANKS = (
 # A unit missing here only runs later; an entry that no longer exists fails tests/test_suite_plan.py.
 LONGEST_FIRST = (
     "tests/apps/test_ppo_opd_e2e.py",  # 174 s
-    "tests/apps/test_train_e2e.py",  # 195 s; about 170 s since its --async test's three runs became two
     "tests/apps/test_fully_async_e2e.py",  # 164 s
     "tests/slime-train-fsdp/test_compile_warmup.py",  # 164 s (its two warm-ups and real steps: 67.5 + 90.5 s)
+    "tests/apps/test_train_e2e.py",  # 195 s; about 155 s since its --async test's runs went 3 -> 2 (x 0.65 measured)
     "tests/apps/test_faults_e2e.py",  # 102 s
     "tests/benchmarks/test_bench_smoke.py",  # 2026-12-06: about 151 s (12-07: only its 31-s fixture in the list)
-    "tests/apps/test_interrupts.py",  # 78 s; two runs of 512-sample rollouts -> 64 since (26.9 -> 3.5 s of each run)
-    "tests/apps/test_actor_stopped_e2e.py",  # 95 s in two runs; one since (about 65 s: 57 s, its stop waits 15 s more)
+    "tests/apps/test_interrupts.py",  # 78 s; about 68 s since its rollouts shrank (71.8 -> 62.2 s measured)
     "tests/apps/test_geo3k_vlm_example.py",  # 68 s
+    "tests/apps/test_actor_stopped_e2e.py",  # 95 s in two runs; about 63 s in one since (111.4 -> 73.8 s measured)
     "tests/apps/test_nodes_e2e.py",  # 58 s
-    "tests/apps/test_reproducibility_e2e.py",  # 56 s; two 2-rollout runs -> 1-rollout ones since (about 48 s)
     "tests/apps/test_vlm_pipeline.py",  # 53 s
+    "tests/apps/test_reproducibility_e2e.py",  # 56 s; about 47 s since one rollout per run (79.6 -> 66.4 s measured)
     "tests/slime-train-megatron/test_layer_fusions.py",  # 46 s
     "tests/apps/test_fp8_rollout_e2e.py",  # 42 s
     "tests/apps/test_routing_replay_e2e.py",  # 42 s
-    "tests/slime-train-megatron/test_moe_cpu.py",  # 38 s (+ the TP 2 x EP 2 layouts of test_settings.py since)
     "tests/slime-compat/test_original_plugin_e2e.py",  # 39 s
+    "tests/slime-train-megatron/test_moe_cpu.py",  # 38 s (+ the TP 2 x EP 2 layouts of test_settings.py since)
     "tests/slime-envs/",  # 2026-12-06: 65 s
     "tests/slime-train-fsdp/test_compile_warmup_head.py",  # 30 s
     "tests/slime-train-fsdp/test_fused_head.py",  # 2026-12-06: 49 s
