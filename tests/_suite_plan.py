@@ -46,36 +46,36 @@ FORKS_RANKS = (
     "tests/slime-train-megatron/test_logprobs.py",
 )
 
-# The longest work units of the suite, longest first: the seconds are each unit's sum of the slowest-30 tests of a
-# CI run on this 2-core machine (2026-12-06, --durations=30; 0.3 s for each other test). A free worker takes the
-# next unit in order, so the long ones start early and the short ones fill the end: in collection order the
-# 320-s compile warm-up file (slime-train-fsdp, late in the alphabet) started last and one worker ran alone for
-# minutes (a replay of xdist's scheduling with these times: workers end at 2041/1907 s, with this list 1976/1973).
-# test_roundtrip.py (76 s then) left the list when its streaming test stopped collecting garbage 47 times (13 s).
+# The longest work units of the suite, longest first. The seconds are each unit's sum of the slowest-30 tests of the
+# CI run of 2026-12-07 on this 2-core machine (`.ci/run` 1,401 s, --durations=30; 0.3 s for each other test), then
+# the cuts since, measured or estimated as said; units with no test in that list (each under 20 s) keep their
+# 2026-12-06 estimate, from a CI run about 1.5-2x slower for the units listed in both. A free worker takes the next
+# unit in order, so the long ones start early and the short ones fill the end: in collection order the compile
+# warm-up file (slime-train-fsdp, late in the alphabet) started last and one worker ran alone for minutes.
 # Files of many fast tests (the graders: 290 tests, 18 s measured) are overestimated by the 0.3 s and stay out.
 # A unit missing here only runs later; an entry that no longer exists fails tests/test_suite_plan.py.
-# Since these seconds, every CPU run of apps/train is about 8 CPU-s cheaper (the weight check's checksums 2.5x
-# faster, no idle Ray worker per bundle): test_original_plugin_e2e.py (one run) 86.1/93.3 -> 79.9/83.2 CPU-s.
 LONGEST_FIRST = (
-    "tests/apps/test_train_e2e.py",  # 507 s; 418 s since its SIGKILL resume rides on the --async one (271 -> 224 CPU-s)
-    "tests/slime-train-fsdp/test_compile_warmup.py",  # 319 s; its real steps 60 -> 23 CPU-s each since (110 tokens)
-    "tests/apps/test_fully_async_e2e.py",  # 243 s
-    "tests/apps/test_ppo_opd_e2e.py",  # 220 s
-    "tests/apps/test_faults_e2e.py",  # 197 s; about 154 s since its two runs became one (171.5 -> 134.0 s here)
-    "tests/benchmarks/test_bench_smoke.py",  # 166 s; about 151 s since one Megatron run less (130.6 -> 118.7 CPU-s)
-    "tests/apps/test_nodes_e2e.py",  # 138 s
-    "tests/apps/test_vlm_pipeline.py",  # 111 s
-    "tests/apps/test_actor_stopped_e2e.py",  # new: two runs, about 110 s (estimated from one-run files)
-    "tests/apps/test_geo3k_vlm_example.py",  # 98 s; about 91 s since one eval less (87.1 -> 81.2 CPU-s)
-    "tests/slime-compat/test_original_plugin_e2e.py",  # 87 s (its run: 90 -> 82 CPU-s since, two pairs)
-    "tests/apps/test_routing_replay_e2e.py",  # 82 s
-    "tests/apps/test_reproducibility_e2e.py",  # new: two 2-rollout demo-model runs, about 80 s (estimated)
-    "tests/apps/test_fp8_rollout_e2e.py",  # 81 s
-    "tests/apps/test_interrupts.py",  # 109 s then; 81 s since its three demo runs became two (122 -> 91 CPU-s)
-    "tests/slime-train-megatron/test_layer_fusions.py",  # 76 s; about 68 s since one baseline run (72.8 -> 64.8 CPU-s)
-    "tests/slime-envs/",  # 65 s
-    "tests/apps/test_sft_e2e.py",  # 52 s
-    "tests/slime-train-fsdp/test_fused_head.py",  # 49 s
+    "tests/apps/test_ppo_opd_e2e.py",  # 174 s
+    "tests/apps/test_fully_async_e2e.py",  # 164 s
+    "tests/slime-train-fsdp/test_compile_warmup.py",  # 164 s (its two warm-ups and real steps: 67.5 + 90.5 s)
+    "tests/apps/test_train_e2e.py",  # 195 s; about 155 s since its --async test's runs went 3 -> 2 (x 0.65 measured)
+    "tests/apps/test_faults_e2e.py",  # 102 s
+    "tests/benchmarks/test_bench_smoke.py",  # 2026-12-06: about 151 s (12-07: only its 31-s fixture in the list)
+    "tests/apps/test_interrupts.py",  # 78 s; about 68 s since its rollouts shrank (71.8 -> 62.2 s measured)
+    "tests/apps/test_geo3k_vlm_example.py",  # 68 s
+    "tests/apps/test_actor_stopped_e2e.py",  # 95 s in two runs; about 63 s in one since (111.4 -> 73.8 s measured)
+    "tests/apps/test_nodes_e2e.py",  # 58 s
+    "tests/apps/test_vlm_pipeline.py",  # 53 s
+    "tests/apps/test_reproducibility_e2e.py",  # 56 s; about 47 s since one rollout per run (79.6 -> 66.4 s measured)
+    "tests/slime-train-megatron/test_layer_fusions.py",  # 46 s
+    "tests/apps/test_fp8_rollout_e2e.py",  # 42 s
+    "tests/apps/test_routing_replay_e2e.py",  # 42 s
+    "tests/slime-compat/test_original_plugin_e2e.py",  # 39 s
+    "tests/slime-train-megatron/test_moe_cpu.py",  # 38 s (+ the TP 2 x EP 2 layouts of test_settings.py since)
+    "tests/slime-envs/",  # 2026-12-06: 65 s
+    "tests/slime-train-fsdp/test_compile_warmup_head.py",  # 30 s
+    "tests/slime-train-fsdp/test_fused_head.py",  # 2026-12-06: 49 s
+    "tests/apps/test_sft_e2e.py",  # 23 s
 )
 
 RAY_TMPDIR_ENV = "RAY_TMPDIR"

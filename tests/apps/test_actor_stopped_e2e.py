@@ -5,8 +5,9 @@ Issue 27 (silent hangs): a stopped process keeps its sockets, so Ray saw it aliv
 next call waited for ever (the original code, rank stopped at rollout 1's start: "train 1: still running after 180 s"
 and no end). Now the run ends with one line naming the process, its pid and host after
 `--actor-stopped-timeout-secs`, exit 1, and leaves no process behind; a rank continued (`SIGCONT`) before then lets
-the run finish. Each run waits on what it prints (the rollout's start, the driver's warning that it saw the stop),
-never on a sleep: the machine these run on is a loaded 2-core one.
+the run finish. One run checks both (a trainer rank continued in time, then the rollout manager stopped for good);
+it waits on what it prints (the rollout's start, the driver's warning that it saw the stop), never on a sleep: the
+machine it runs on is a loaded 2-core one.
 """
 
 import os
@@ -138,50 +139,41 @@ def _check_error_line(output: str, name: str, pid: int, waited_on: str, timeout_
     assert re.search(rf"{name} \(pid {pid} on [\d.]+\) is stopped \(process state T\)", output), output[-6000:]
 
 
-def test_a_stopped_rollout_manager_ends_the_run_in_one_line_and_leaves_no_process(tiny_qwen3, tmp_path):
+def test_a_trainer_rank_continued_in_time_goes_on_and_a_stopped_rollout_manager_ends_the_run(tiny_qwen3, tmp_path):
+    """One run for what two runs checked (each run costs about a minute of CPU in CI), which keeps both names:
+
+    - `test_a_trainer_rank_continued_in_time_goes_on_and_stopped_for_good_ends_the_run`: the trainer rank, stopped
+      at rollout 1's start and continued once the driver saw it, lets the run go on (rollout 1 trains and saves).
+      Rollout 0 trained and its weights pushed: the rank sleeps (colocated) until the driver wakes it to train, so
+      the driver waits on its wake_up call. (Its second stop, for good, ended the run with the same line as below
+      naming the trainer rank; that line's wording for a trainer rank is test_actor_watch.py's.)
+    - `test_a_stopped_rollout_manager_ends_the_run_in_one_line_and_leaves_no_process`: the rollout manager, stopped
+      while rollout 2 generates (that test stopped it in rollout 1), ends the run after the timeout in one line,
+      exit 1, and no process of the run is left (the stopped one killed by the teardown, the other actors, the
+      engines, Ray's own processes).
+    """
     ray_tmp = tempfile.mkdtemp(prefix="ray-stopped-")
     out = tmp_path / "run"
-    run = _Run(_argv(tiny_qwen3, out, 5), ray_tmp)
-    pid = None
-    try:
-        pid = int(run.until(r"\(RolloutManager pid=(\d+)").group(1))
-        run.until(r"rollout 1: started$")
-        os.kill(pid, signal.SIGSTOP)  # rollout 1 generating: the engines (children of its engine hosts) go with it
-        status = run.wait()
-    finally:
-        run.close(pid)
-    output = run.output
-    assert status == 1, output[-6000:]
-    _check_error_line(output, "the rollout manager", pid, "the rollout manager's generation of rollout 1", 5, out)
-    # No orphan: the stopped process (killed by the teardown), the other actors, the engines, Ray's own processes.
-    assert pid in run.tree and run.own_pids() <= set(run.tree), (pid, run.own_pids(), run.tree)
-    assert not _left_behind(run.tree), _left_behind(run.tree)
-
-
-def test_a_trainer_rank_continued_in_time_goes_on_and_stopped_for_good_ends_the_run(tiny_qwen3, tmp_path):
-    # One run for both (each run costs about a minute of CPU in CI): stopped at rollout 1's start and continued
-    # once the driver saw it, the run goes on (rollout 1 trains and saves); stopped again at rollout 2's start, it
-    # ends after the timeout. Rollout 0 trained and its weights pushed: the rank sleeps (colocated) until the driver
-    # wakes it to train, so the driver waits on its wake_up call both times.
-    ray_tmp = tempfile.mkdtemp(prefix="ray-continued-")
-    out = tmp_path / "run"
     run = _Run(_argv(tiny_qwen3, out, 20, num_rollout=3), ray_tmp)
-    pid = None
+    rank = manager = None
     try:
-        pid = int(run.until(RANK_LINE.pattern).group(1))
+        manager = int(run.until(r"\(RolloutManager pid=(\d+)").group(1))
+        rank = int(run.until(RANK_LINE.pattern).group(1))
         run.until(r"rollout 1: started$")
-        os.kill(pid, signal.SIGSTOP)
-        run.until(rf"trainer rank 0 \(pid {pid} on [\d.]+\) is stopped")  # the driver waits on it, and saw the stop
-        os.kill(pid, signal.SIGCONT)
-        run.until(rf"trainer rank 0 \(pid {pid} on [\d.]+\) resumed after \d+ s stopped")
+        os.kill(rank, signal.SIGSTOP)
+        run.until(rf"trainer rank 0 \(pid {rank} on [\d.]+\) is stopped")  # the driver waits on it, and saw the stop
+        os.kill(rank, signal.SIGCONT)
+        run.until(rf"trainer rank 0 \(pid {rank} on [\d.]+\) resumed after \d+ s stopped")
         run.until(r"rollout 2: started$")
         assert tracker_step(out / "ckpt") == 2  # rollout 1 trained after the SIGCONT, and its checkpoint committed
-        os.kill(pid, signal.SIGSTOP)
+        os.kill(manager, signal.SIGSTOP)  # rollout 2 generating
         status = run.wait()
     finally:
-        run.close(pid)
+        run.close(manager)
+        if rank is not None and (state := read_proc_state(rank)) is not None and state.stopped:
+            os.kill(rank, signal.SIGKILL)  # never leave a stopped process behind
     output = run.output
     assert status == 1, output[-6000:]
-    _check_error_line(output, "trainer rank 0", pid, "the trainer ranks' wake_up call", 20, out)
-    assert pid in run.tree and run.own_pids() <= set(run.tree), (pid, run.own_pids(), run.tree)
+    _check_error_line(output, "the rollout manager", manager, "the rollout manager's generation of rollout 2", 20, out)
+    assert {rank, manager} <= set(run.tree) and run.own_pids() <= set(run.tree), (rank, manager, run.tree)
     assert not _left_behind(run.tree), _left_behind(run.tree)

@@ -9,6 +9,11 @@ rollout: token ids, rewards, rollout log-probs (exact floats), the loss and grad
 The second run adds `--use-fault-tolerance` (health probes while generating), which must change none of them: one
 run fewer in CI than checking the two claims apart. A `--load` resume's exactness is `test_loop_resume`'s and the
 async SIGKILL test's.
+
+One rollout per run (two before): the rollout's samples and the trained weights are compared bit for bit, and a
+second rollout only generated again from those weights after a push. That the engine then holds exactly the
+trainer's bytes is checked at every push by test_fp8_rollout_e2e.py (`--check-weight-sync-interval 1`) and after a
+training step by test_vlm_pipeline.py's checksum round trip; the reference engine keeps no cache across requests.
 """
 
 import hashlib
@@ -36,7 +41,7 @@ def _argv(out: pathlib.Path, *extra: str) -> list[str]:
         "--prompt-data", str(TRAIN_DATA), "--input-key", "prompt", "--label-key", "label",
         "--rm-type", "math", "--advantage-estimator", "grpo", "--seed", "1234",
         "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--global-batch-size", "32",
-        "--rollout-max-response-len", "8", "--rollout-temperature", "1.0", "--num-rollout", "2",
+        "--rollout-max-response-len", "8", "--rollout-temperature", "1.0", "--num-rollout", "1",
         "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1", "--colocate", "--lr", "5e-4",
         "--sglang-enable-deterministic-inference",
         "--output-dir", str(out), "--save-hf", str(out / "hf"),
@@ -77,11 +82,10 @@ def test_two_runs_are_bit_identical_rollout_by_rollout(tmp_path, tb_scalars):
     first, watched = tmp_path / "first", tmp_path / "watched"
     _run(first)
     _run(watched, "--use-fault-tolerance", "--rollout-health-check-interval", "1")  # health probes while generating
-    for rollout_id in range(2):
-        assert _rollout_digest(watched, rollout_id) == _rollout_digest(first, rollout_id), rollout_id
+    assert _rollout_digest(watched, 0) == _rollout_digest(first, 0)
     for key in ("train/loss", "train/grad_norm"):
         reference = tb_scalars(first / "tensorboard", key)
-        assert sorted(reference) == [0, 1]
+        assert sorted(reference) == [0]
         assert tb_scalars(watched / "tensorboard", key) == reference
     reference, weights = _weights(first), _weights(watched)
     assert weights.keys() == reference.keys()

@@ -5,9 +5,8 @@
    reach the reward, the first-step check holds with the engine's nucleus replayed, outputs are written, and the
    benchmark prints and appends one well-formed result line.
 2. LoRA through the loop: base + adapter served, only the adapter synced and exported.
-3. `--async` on bfloat16 (three runs): one step off-policy; resumed from its rollout-0 save in the data order; that
-   resumed run killed with SIGKILL after its rollout-1 checkpoint resumes at rollout 2 with the same data order as
-   an uninterrupted run.
+3. `--async` on bfloat16 (two runs): one step off-policy; killed with SIGKILL after its rollout-1 checkpoint, it
+   resumes at the rollout after its last checkpoint with the same data order as an uninterrupted run.
 """
 
 import json
@@ -223,85 +222,87 @@ def test_lora_two_rollouts(tiny_qwen3, tmp_path, tb_scalars):
 def test_async_bf16_run_is_one_step_off_policy_and_resumes_in_the_data_order_after_sigkill(
     make_tiny_qwen3, tmp_path, tb_scalars
 ):
-    """`--async` (disaggregated, one step off-policy) on a bfloat16 checkpoint; a run resumed from its rollout-0 save
-    and killed with SIGKILL once its own rollout-1 checkpoint is committed; a last run resumed from that checkpoint.
+    """`--async` (disaggregated, one step off-policy) on a bfloat16 checkpoint, killed with SIGKILL once it has
+    generated rollout 2 and committed its rollout-1 checkpoint; a second run resumed from its last checkpoint.
 
-    Three runs check what four checked before (an `--async` run and its resume; a colocated sync run killed after its
-    rollout-1 checkpoint and its resume): the kill and the resume at the next rollout id hold in either loop, and
-    in the one-step-ahead loop the kill comes while the next rollout is already drawn and generating.
+    Two runs check what three checked before (an uninterrupted `--async` run; a run resumed from its rollout-0 save
+    with `--ckpt-step` and killed after its own rollout-1 checkpoint; a last run resumed from that one): the kill
+    and the resume in the one-step-ahead loop, where the next rollout is always drawn and generating at a save, is
+    the resume the middle run checked too. (`--ckpt-step` is test_ppo_opd_e2e.py's.)
     1. off-policy: rollout N+1 is generated while N trains; weights change only between generations. On a bfloat16
        checkpoint (the GPU default), the only CPU run of the whole loop in that dtype.
-    2. resume: `--async` resumed from a checkpoint trains the prompts an uninterrupted run trains next. Issue 27: the
-       data cursor of a save queued behind the generation of the next rollout, already drawn, so the resume skipped
-       that rollout's prompts (as the original's train_async.py).
-    3. SIGKILL: a run killed after its rollout-1 checkpoint resumes at rollout 2 (nothing before it runs again) with
-       the same data order as an uninterrupted run, and commits the next checkpoint.
+    2. SIGKILL and resume: the killed run resumes at the rollout after its last committed checkpoint (nothing before
+       it runs again) with the same data order as an uninterrupted run, and commits the next checkpoints. Issue 27:
+       the data cursor of a save queued behind the generation of the next rollout, already drawn, so the resume
+       skipped that rollout's prompts (as the original's train_async.py).
+    3. the resumed run's per-phase timings (benchmarks/e2e_report.py reads them), as the sync loop logs them.
     """
     model = make_tiny_qwen3(tmp_path / "bf16", dtype=torch.bfloat16, hidden_size=32, intermediate_size=64,
                             head_dim=8, max_position_embeddings=1024)  # fmt: skip
-    ckpt, ckpt2 = tmp_path / "ckpt", tmp_path / "ckpt2"
+    ckpt = tmp_path / "ckpt"
+    total = 5
 
-    def argv(out, save, num_rollout, *extra) -> list[str]:
+    def argv(out, num_rollout, *extra) -> list[str]:
         flags = ["--num-rollout", str(num_rollout), "--rollout-shuffle", "--async", "--rollout-num-gpus", "1",
-                 "--save", str(save), "--save-interval", "1", *extra]  # fmt: skip
+                 "--save", str(ckpt), "--save-interval", "1", *extra]  # fmt: skip
         return [a for a in _argv(model, out, *flags) if a != "--colocate"]
 
-    def run(*args) -> subprocess.CompletedProcess:
-        proc = subprocess.run(argv(*args), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-        return proc
-
+    # Run 1: killed once rollout 2 is generated (on the weights rollout 0 trained) and rollout 1's checkpoint is
+    # committed: rollout 2 trains or rollout 3 generates then, so its last checkpoint is rollout 1's or rollout 2's.
     out = tmp_path / "run1"
-    proc = run(out, ckpt, 3)
-    assert "rollout    2" in proc.stdout
-    # Engine weight versions seen by each rollout: one step stale, never mixed within a rollout.
-    versions = [{v for s in _dump(out, r) for v in s["weight_versions"]} for r in range(3)]
-    assert versions == [{"0"}, {"0"}, {"1"}]
-    # The same per-phase timings as the sync loop (benchmarks/e2e_report.py reads them); the last rollout
-    # has no next generation to update weights for.
-    tb = out / "tensorboard"
-    for key in ("perf/rollout_time", "perf/train_time", "perf/step_time"):
-        times = tb_scalars(tb, key)
-        assert sorted(times) == [0, 1, 2] and all(t > 0 for t in times.values()), (key, times)
-    assert sorted(tb_scalars(tb, "perf/update_weights_time")) == [0, 1, 2]  # the versions pushed
+    log1 = open(tmp_path / "run1.log", "w")
+    proc = subprocess.Popen(argv(out, total), cwd=REPO, env=_env(), stdout=log1, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
 
-    # Run 2: from the checkpoint of rollout 0, saving to a folder of its own (4 rollouts: the kill comes while
-    # rollout 2 trains, not at the run's end); killed once the checkpoint of rollout 1 is committed.
-    out2 = tmp_path / "run2"
-    log2 = open(tmp_path / "run2.log", "w")
-    proc = subprocess.Popen(
-        argv(out2, ckpt2, 4, "--load", str(ckpt), "--ckpt-step", "1"), cwd=REPO, env=_env(), stdout=log2,
-        stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    tracker = ckpt2 / "latest_checkpointed_iteration.txt"
+    def committed() -> int:
+        text = tracker.read_text().strip() if tracker.exists() else ""
+        return int(text) if text else 0
+
     deadline = time.time() + 900
     try:
         while time.time() < deadline and proc.poll() is None:
-            if tracker.exists() and tracker.read_text().strip() == "2":
+            if (out / "dumps" / "rollout_2.pt").exists() and committed() >= 2:
                 break
             time.sleep(0.5)
-        assert proc.poll() is None, (tmp_path / "run2.log").read_text()[-6000:]
-        assert tracker.read_text().strip() == "2"
+        assert proc.poll() is None, (tmp_path / "run1.log").read_text()[-6000:]
+        assert (out / "dumps" / "rollout_2.pt").exists() and committed() >= 2
     finally:
         _kill_tree(proc)
-        log2.close()
+        log1.close()
+    resumed_at = committed()  # the checkpoint of rollout resumed_at - 1
+    assert resumed_at in (2, 3), resumed_at
+    # Engine weight versions seen by each rollout: one step stale, never mixed within a rollout.
+    versions = [{v for s in _dump(out, r) for v in s["weight_versions"]} for r in range(3)]
+    assert versions == [{"0"}, {"0"}, {"1"}]
 
-    # Run 3: resumes from the last complete checkpoint at the next rollout id.
-    out3 = tmp_path / "run3"
-    proc3 = run(out3, ckpt2, 3, "--load", str(ckpt2))
-    assert "rollout    0" not in proc3.stdout and "rollout    1" not in proc3.stdout
-    assert "rollout    2" in proc3.stdout
-    assert tracker.read_text().strip() == "3"
+    # Run 2: resumes from the last complete checkpoint at the next rollout id.
+    out2 = tmp_path / "run2"
+    proc2 = subprocess.run(argv(out2, total, "--load", str(ckpt)), cwd=REPO, env=_env(), capture_output=True,
+                           text=True, timeout=900)  # fmt: skip
+    assert proc2.returncode == 0, (proc2.stdout + proc2.stderr)[-6000:]
+    assert f"rollout    {resumed_at - 1}" not in proc2.stdout and f"rollout    {resumed_at}" in proc2.stdout
+    assert not any((out2 / "dumps" / f"rollout_{r}.pt").exists() for r in range(resumed_at))
+    assert tracker.read_text().strip() == str(total)
+    # The same per-phase timings as the sync loop, from the resumed rollout on; the last rollout has no next
+    # generation to update weights for.
+    tb = out2 / "tensorboard"
+    for key in ("perf/rollout_time", "perf/train_time", "perf/step_time"):
+        times = tb_scalars(tb, key)
+        assert sorted(times) == list(range(resumed_at, total)) and all(t > 0 for t in times.values()), (key, times)
+    assert sorted(tb_scalars(tb, "perf/update_weights_time")) == list(range(resumed_at, total)), "pushes"
+    # One step off-policy after the resume too: the resumed rollout and the next one on the loaded weights.
+    resumed_versions = [{v for s in _dump(out2, r) for v in s["weight_versions"]} for r in range(resumed_at, total)]
+    assert len(resumed_versions[0]) == 1 and resumed_versions[0] == resumed_versions[1], resumed_versions
 
     # Same data order as an uninterrupted run: the data source replayed from scratch gives these prompts.
     from slime_core.config import parse_args
     from slime_rollout.data.source import RolloutDataSource
 
-    source = RolloutDataSource(parse_args(argv(tmp_path / "unused", ckpt, 3)[2:]))
-    expected = [{g[0].prompt for g in source.get_samples(2)} for _ in range(3)]
-    assert [{s["prompt"] for s in _dump(out, r)} for r in range(3)] == expected
-    # Was expected[2] then the rollout after it: rollout 1's prompts were skipped.
-    assert {s["prompt"] for s in _dump(out2, 1)} == expected[1]
-    assert not (out2 / "dumps" / "rollout_0.pt").exists()
-    assert {s["prompt"] for s in _dump(out3, 2)} == expected[2]
-    assert expected[1] != expected[2]  # the cursor moved on: a resume that repeated rollout 1 would fail above
+    source = RolloutDataSource(parse_args(argv(tmp_path / "unused", total)[2:]))
+    expected = [{g[0].prompt for g in source.get_samples(2)} for _ in range(total)]
+    assert [{s["prompt"] for s in _dump(out, r)} for r in range(3)] == expected[:3]
+    assert [{s["prompt"] for s in _dump(out2, r)} for r in range(resumed_at, total)] == expected[resumed_at:]
+    # A resume that skipped the drawn rollout would train expected[resumed_at + 1] first; one that repeated the
+    # last trained rollout, expected[resumed_at - 1].
+    assert len({frozenset(e) for e in expected[resumed_at - 1 : resumed_at + 2]}) == 3

@@ -1,7 +1,9 @@
 """Two gloo ranks, expert parallelism 2: HF load, HF export, logits and torch_dist round trips of a Qwen3-MoE.
 
 Run by `test_moe_cpu.py::test_expert_parallel_two_ranks_export_logits_and_torch_dist`:
-`python _moe_ep2_worker.py PORT HF_DIR CKPT_DIR` prints `RESULT <json list, one dict per rank>`.
+`python _moe_ep2_worker.py PORT HF_DIR CKPT_DIR LAYOUTS` prints `RESULT <json list, one dict per rank>`. LAYOUTS is
+a JSON list of `initialize_model_parallel` kwargs tried first on the same two ranks (the spawn, the imports and the
+process group are the cost of a two-rank check): each one's `[expert-TP, EP]` world sizes, or its RuntimeError.
 """
 
 import contextlib
@@ -14,7 +16,23 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def run(rank: int, port: int, hf_dir: str, ckpt_dir: str) -> None:
+def _layouts(layouts: list[dict]) -> list:
+    """`[expert-TP world size, EP world size]` that megatron-core builds from each kwargs, or its error text."""
+    from megatron.core import parallel_state
+
+    results = []
+    for kwargs in layouts:
+        try:
+            parallel_state.initialize_model_parallel(**kwargs)
+            results.append([parallel_state.get_expert_tensor_parallel_world_size(),
+                            parallel_state.get_expert_model_parallel_world_size()])  # fmt: skip
+        except RuntimeError as e:
+            results.append(str(e))
+        parallel_state.destroy_model_parallel()
+    return results
+
+
+def run(rank: int, port: int, hf_dir: str, ckpt_dir: str, layouts: list[dict]) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -29,6 +47,7 @@ def run(rank: int, port: int, hf_dir: str, ckpt_dir: str) -> None:
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *a: None
     get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    result: dict = {"rank": rank, "layouts": _layouts(layouts)}
     settings = MegatronSettings(fp32=True, transformer_impl="local", expert_model_parallel_size=2)
     parallel_state.initialize_model_parallel(**settings.parallel_state_kwargs())
     model_args = ModelArgs.from_hf_dir(hf_dir)
@@ -49,7 +68,6 @@ def run(rank: int, port: int, hf_dir: str, ckpt_dir: str) -> None:
         fresh.load_state_dict(state["model"], strict=True)
         return fresh
 
-    result: dict = {"rank": rank}
     model = build()
     result["local_experts"] = [int(e) for e in model.decoder.layers[0].mlp.local_expert_indices]
     load_hf_weights(model, hf_dir, model_args, settings)
@@ -91,4 +109,4 @@ def run(rank: int, port: int, hf_dir: str, ckpt_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    mp.spawn(run, args=(int(sys.argv[1]), sys.argv[2], sys.argv[3]), nprocs=2)
+    mp.spawn(run, args=(int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4])), nprocs=2)

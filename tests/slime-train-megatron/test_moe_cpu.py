@@ -140,17 +140,29 @@ def test_flex_dispatcher_without_deep_ep_is_refused_in_one_line(moe_hf):
 def test_expert_parallel_two_ranks_export_logits_and_torch_dist(moe_hf, tmp_path):
     """EP 2 on two gloo ranks (2 experts each): HF export bit for bit, logits vs HF fp32 (1e-5), torch_dist saved at
     EP 2 and slime-convert's (written without parallelism) both load back bit for bit; router-loss metrics averaged
-    over the two DP ranks."""
+    over the two DP ranks.
+
+    The same two ranks first build TP 2 × EP 2 (what `test_settings.py`'s
+    `test_megatron_core_builds_tp2_ep2_on_two_ranks_from_these_kwargs` checked in a spawn of its own): the settings'
+    `parallel_state_kwargs` give the experts ETP 1 × EP 2, while the call without `expert_tensor_parallel_size` (as
+    before) makes ETP the TP size and needs TP 2 × EP 2 = 4 ranks.
+    """
     pytest.importorskip("megatron.core")
     _, hf_dir = moe_hf(True)
     worker = pathlib.Path(__file__).with_name("_moe_ep2_worker.py")
+    tp2_ep2 = MegatronSettings(tensor_model_parallel_size=2, expert_model_parallel_size=2).parallel_state_kwargs()
+    before = {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 2}
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.run([sys.executable, str(worker), str(port), str(hf_dir), str(tmp_path)], capture_output=True,
-                          text=True, timeout=400)  # fmt: skip
+    proc = subprocess.run([sys.executable, str(worker), str(port), str(hf_dir), str(tmp_path),
+                           json.dumps([tp2_ep2, before])], capture_output=True, text=True, timeout=400)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    for r in ranks:
+        ours, was = r["layouts"]
+        assert ours == [1, 2], r
+        assert "is not divisible by expert_tensor_model_pipeline_parallel size (4)" in was, r
     assert [r["local_experts"] for r in ranks] == [[0, 1], [2, 3]]
     for r in ranks:
         # Over r = 0, 1 (DP mean) and 2 layers: (4 + 2r) -> 5 / 2 and (30 + 4r) -> 32 / 2, on both ranks.

@@ -1,8 +1,3 @@
-import json
-import socket
-import subprocess
-import sys
-
 import pytest
 
 from slime_core.config import SlimeArgs
@@ -203,53 +198,10 @@ def test_parallel_state_gets_the_expert_tensor_parallel_size():
     }
 
 
-_INIT_GROUPS = """
-import json, os, sys
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
-
-def run(rank, port, calls):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    from megatron.core import parallel_state
-    results = []
-    for kwargs in calls:  # one spawn for all: the imports and the process group are the cost
-        try:
-            parallel_state.initialize_model_parallel(**kwargs)
-            results.append([parallel_state.get_expert_tensor_parallel_world_size(),
-                            parallel_state.get_expert_model_parallel_world_size()])
-        except RuntimeError as e:
-            results.append(str(e))
-        parallel_state.destroy_model_parallel()
-    if rank == 0:
-        print(json.dumps(results))
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    mp.spawn(run, args=(int(sys.argv[1]), json.loads(sys.argv[2])), nprocs=2)
-"""
-
-
-@pytest.mark.slow
-def test_megatron_core_builds_tp2_ep2_on_two_ranks_from_these_kwargs(tmp_path):
-    # The real megatron-core on two gloo ranks: the settings' kwargs give experts ETP 1 × EP 2; the call without
-    # expert_tensor_parallel_size (as before) needed TP 2 × EP 2 = 4 ranks.
-    pytest.importorskip("megatron.core")
-    script = tmp_path / "init_groups.py"
-    script.write_text(_INIT_GROUPS)
-    settings = MegatronSettings(tensor_model_parallel_size=2, expert_model_parallel_size=2)
-    before = {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 2}
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    calls = json.dumps([settings.parallel_state_kwargs(), before])
-    proc = subprocess.run([sys.executable, str(script), str(port), calls], capture_output=True, text=True,
-                          timeout=180, check=True)  # fmt: skip
-    ours, was = json.loads(proc.stdout.strip().splitlines()[-1])
-    results = {"ours": ours, "before": was}
-    assert results["ours"] == [1, 2]
-    assert "is not divisible by expert_tensor_model_pipeline_parallel size (4)" in results["before"]
+# That megatron-core builds TP 2 × EP 2 on two ranks from `parallel_state_kwargs` (ETP 1 × EP 2), and needed 4 ranks
+# without `expert_tensor_parallel_size`, is checked by test_moe_cpu.py's
+# `test_expert_parallel_two_ranks_export_logits_and_torch_dist`, on the two ranks it spawns anyway (this file's
+# `test_megatron_core_builds_tp2_ep2_on_two_ranks_from_these_kwargs` paid a spawn of its own for it).
 
 
 @pytest.mark.parametrize(
