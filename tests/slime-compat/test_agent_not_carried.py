@@ -88,3 +88,24 @@ def test_a_plugin_path_into_one_is_named_as_the_originals():
 
     with pytest.raises(PluginError, match=r"'slime.agent.sandbox.exec_and_wait' is the original slime's; this version"):
         load_function("slime.agent.sandbox.exec_and_wait", flag="--custom-generate-function-path")
+
+
+def test_a_plugin_importing_one_is_named_at_its_own_import_line(tmp_path, monkeypatch):
+    # The stub raises inside slime-compat; the error named the stub's line (`_not_carried.py:31`, in an editable
+    # install), not the plugin's `from slime.agent.sandbox import ...` that a user has to change.
+    from slime_core.plugins import PluginError, forget_loaded_plugins, load_function
+
+    plugin = tmp_path / "agent_plugin_q27.py"
+    plugin.write_text(
+        "import json\nfrom slime.agent.sandbox import Sandbox\n\n\nasync def gen(args, sample, p):\n    ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    forget_loaded_plugins()
+    with pytest.raises(PluginError) as e:
+        load_function("agent_plugin_q27.gen", flag="--custom-generate-function-path")
+    assert str(e.value).startswith(
+        f"--custom-generate-function-path: importing module 'agent_plugin_q27' failed at {plugin}:2: No module named "
+        "'slime.agent.sandbox': this slime does not carry it"
+    )
+    assert e.value.missing_dependency == "slime.agent.sandbox"
+    sys.modules.pop("agent_plugin_q27", None)
