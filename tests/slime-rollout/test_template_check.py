@@ -180,3 +180,19 @@ def test_the_in_loop_check_compares_an_eom_episode_as_text(llama31):
     template_check.record_segment(sample, "assistant", tok.decode(last))
     report = template_check.check_sample(tok, sample)
     assert report.consistent and report.message == "concatenated text: token stream matches re-tokenization"
+
+
+def test_a_marker_the_template_writes_before_its_eot_keeps_the_eot(llama31):
+    # A template that closes a tool call with its own token and then the end-of-turn marker (as DeepSeek-V3's
+    # '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'): a turn stopped on that token still gets the marker.
+    tok = llama31
+    tok.chat_template = tok.chat_template.replace('{{- "<|eom_id|>" }}', '{{- "<|eom_id|><|eot_id|>" }}')
+    call = {"type": "function", "function": {"name": "brave_search", "arguments": {"query": "x"}}}
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [call]},
+                {"role": "ipython", "content": "42"}]  # fmt: skip
+    turn = '<|python_tag|>brave_search.call(query="x")<|eom_id|>'
+    observation = render_continuation(tok, messages[2:], model_turn=turn, template_kwargs=BUILTIN)
+    prompt = tok.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=False, **BUILTIN)
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **BUILTIN)
+    assert observation.startswith("<|eot_id|><|start_header_id|>ipython")
+    assert prompt + turn + observation == expected

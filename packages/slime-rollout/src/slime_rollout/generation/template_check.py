@@ -199,18 +199,24 @@ def render_continuation(
 def _ends_with_own_marker(tokenizer: Any, model_turn: str) -> bool:
     """Whether the model turn ends with another end-of-message marker of the template (Llama 3.1's `<|eom_id|>`).
 
-    Such a marker is a special token the template's source writes itself but that a plain user/assistant exchange
-    (the head) never holds: Llama 3.1 writes `<|eom_id|>` after a built-in tool call (`<|python_tag|>
-    brave_search.call(query="x")<|eom_id|>`) and the tool's `<|start_header_id|>ipython` header follows it with no
-    `<|eot_id|>` between. A token of every turn (ChatML's `<|im_start|>`) is in the head, so it never qualifies;
-    nor one the template never writes (Qwen's `<|endoftext|>`, Llama 3.0's `<|eom_id|>`), which the template
-    closes with its end-of-turn marker as any other content.
+    Such a marker is a special token the template's source writes itself, never right before its end-of-turn
+    marker, and that a plain user/assistant exchange (the head) never holds: Llama 3.1 writes `<|eom_id|>` after a
+    built-in tool call (`<|python_tag|>brave_search.call(query="x")<|eom_id|>`) and the tool's
+    `<|start_header_id|>ipython` header follows it with no `<|eot_id|>` between. Not one: a token of every turn
+    (ChatML's `<|im_start|>`, in the head); one the template never writes (Qwen's `<|endoftext|>`, Llama 3.0's
+    `<|eom_id|>`), which it closes with its end-of-turn marker as any other content; one the template writes
+    followed by that marker (a tool-calls block's closing token written as `<|tool_calls_end|><|eot|>`).
     """
     template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(template, str):
-        return False
     turn = model_turn.rstrip()
-    return any(t in template and t not in _head(tokenizer).text for t in _special_tokens(tokenizer) if turn.endswith(t))
+    head = _head(tokenizer)
+    if not isinstance(template, str) or not head.end_of_turn:
+        return False
+    return any(
+        t in template and t + head.end_of_turn not in template and t not in head.text
+        for t in _special_tokens(tokenizer)
+        if turn.endswith(t)
+    )
 
 
 def _special_tokens(tokenizer: Any) -> list[str]:
