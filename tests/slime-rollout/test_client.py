@@ -17,10 +17,10 @@ from slime_rollout.engines.client import (
     EngineError,
     EngineResponse,
     RolloutClient,
-    _count_requests,
     get_client,
     reset_client_cache,
 )
+from slime_rollout.engines.engine_client import count_requests
 from slime_rollout.engines.process import find_free_port
 
 
@@ -378,10 +378,10 @@ async def test_broadcast_unknown_method():
 
 
 def test_count_requests_shapes():
-    assert _count_requests({"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 3}, {"num_total_reqs": 1}]}) == 6
-    assert _count_requests([{"num_reqs": 2}, {"total_reqs": 1}]) == 3
+    assert count_requests({"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 3}, {"num_total_reqs": 1}]}) == 6
+    assert count_requests([{"num_reqs": 2}, {"total_reqs": 1}]) == 3
     with pytest.raises(ValueError, match="/v1/loads"):
-        _count_requests("busy")
+        count_requests("busy")
 
 
 def test_get_client_is_cached_per_engine_set():

@@ -84,7 +84,7 @@ def test_engine_launch_router_process_direction():
 def test_wire_is_a_leaf_that_engines_and_weight_sync_share():
     graph = _graph(modules=True)
     assert "slime_rollout.engines.wire" not in graph  # imports nothing of slime_rollout
-    assert "slime_rollout.engines.wire" in graph["slime_rollout.engines.client"]
+    assert "slime_rollout.engines.wire" in graph["slime_rollout.engines.engine_client"]
     assert "slime_rollout.engines.wire" in graph["slime_rollout.engines.reference.routes.weights"]
     assert "slime_rollout.engines.wire" in graph["slime_rollout.weight_sync.updaters"]
     # Engines never reach into the trainer side of a push.

@@ -2,7 +2,7 @@
 
 A response token moves the policy-gradient term only when it is trainable (loss mask 1) and its advantage is
 non-zero. GRPO-style estimators give every token of a group with equal rewards an advantage of exactly 0
-(`slime_core.train_data._normalize_group` writes exact zeros), so those tokens cost generation and
+(`slime_core.reward_postprocess._normalize_group` writes exact zeros), so those tokens cost generation and
 forward/backward time and teach nothing. The counts here feed the `goodput/*` metrics of the run loop.
 
 Legend: `N` samples on this rank, `L_i` response length of sample i.

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
+import sys
 import sysconfig
 import traceback
 from collections.abc import Callable
@@ -76,8 +78,12 @@ def _origin(error: BaseException) -> str:
     if isinstance(error, SyntaxError) and error.filename:
         return f" at {error.filename}:{error.lineno}"
     frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen ")]
-    libraries = tuple({sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")})
-    own = [f for f in frames if not f.filename.startswith(libraries)]
+    libraries = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    # The original's `slime` namespace (slime-compat) is library code too, also when installed editable: a module it
+    # does not carry fails inside its stub, and the line to name is the plugin's import of it.
+    compat = sys.modules.get("slime")
+    libraries.update(os.path.join(p, "") for p in getattr(compat, "__path__", []))
+    own = [f for f in frames if not f.filename.startswith(tuple(libraries))]
     frame = (own or frames or [None])[-1]
     return f" at {frame.filename}:{frame.lineno}" if frame is not None else ""
 

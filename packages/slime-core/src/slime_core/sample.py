@@ -20,7 +20,6 @@ per merged vision patch. Text-only samples leave both None.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -29,45 +28,12 @@ from typing import TYPE_CHECKING, Any
 from slime_core.error_text import preview
 from slime_core.sample_codec import as_int32, decode_tensor, encode_media, encode_tensor
 from slime_core.sample_fields import ORIGINAL_ONLY_FIELDS, check_field_types
+from slime_core.sample_status import Status, as_status, status_from_finish_reason
 
 if TYPE_CHECKING:
     import torch  # only for annotations: processes that never touch vision tensors (reward workers) skip it
 
 __all__ = ["Sample", "Status", "as_status", "status_from_finish_reason", "validate_top_p_offsets"]
-
-
-class Status(enum.Enum):
-    """Lifecycle of a sample.
-
-    PENDING: not generated yet (or generation not finished).
-    COMPLETED: the engine stopped on a stop token/string.
-    TRUNCATED: the response-length budget ran out.
-    ABORTED: the request was aborted (over-sampling surplus, weight update); may hold partial output.
-    FAILED: a recoverable failure (e.g. env error); may hold partial output.
-    """
-
-    PENDING = "pending"
-    COMPLETED = "completed"
-    TRUNCATED = "truncated"
-    ABORTED = "aborted"
-    FAILED = "failed"
-
-    @classmethod
-    def _missing_(cls, value: object) -> Status | None:
-        # A name or value in any case: the original's tau-bench example builds `Sample(status="completed")`.
-        return cls.__members__.get(value.upper()) if isinstance(value, str) else None
-
-
-def as_status(value: Any, what: str) -> Status:
-    """`value` as a `Status`: a member, or its value or name as a string in any case ("completed", "COMPLETED").
-
-    Raises:
-        ValueError: anything else, naming `what` (e.g. "sample 3") and the valid values.
-    """
-    try:
-        return value if isinstance(value, Status) else Status(value)
-    except (ValueError, TypeError):
-        raise ValueError(f"{what}: unknown status {value!r} (one of {[s.value for s in Status]})") from None
 
 
 def validate_top_p_offsets(token_ids: Sequence[int], offsets: Sequence[int], num_rows: int, *, what: str) -> None:
@@ -93,27 +59,6 @@ def validate_top_p_offsets(token_ids: Sequence[int], offsets: Sequence[int], num
         )
     if any(b < a for a, b in zip(offsets[:-1], offsets[1:], strict=True)):
         raise ValueError(f"{what}: top-p offsets must be non-decreasing")
-
-
-_FINISH_REASON_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
-
-
-def status_from_finish_reason(finish_reason: Any) -> Status | None:
-    """Maps SGLang's `meta_info.finish_reason` to a `Status`.
-
-    Args:
-        finish_reason: SGLang's value: a dict like `{"type": "stop", "matched": 151645}`, a bare type
-            string, or None (still running).
-
-    Returns:
-        stop -> COMPLETED, length -> TRUNCATED, abort -> ABORTED; None for anything else (the caller
-        keeps the current status).
-    """
-    if isinstance(finish_reason, Mapping):
-        finish_reason = finish_reason.get("type")
-    if not isinstance(finish_reason, str):
-        return None
-    return _FINISH_REASON_TO_STATUS.get(finish_reason)
 
 
 # Not `slots=True`: plugins written for the original slime set their own attributes on samples

@@ -13,7 +13,7 @@ from slime_envs._cgroups import CgroupLimits
 from slime_envs._seccomp import DENIED, no_process_filter
 
 if TYPE_CHECKING:
-    from slime_envs.sandbox import SandboxConfig
+    from slime_envs._sandbox_config import SandboxConfig
 
 __all__ = ["INIT_RLIMITS", "enforcement", "rlimits", "runner_policy"]
 

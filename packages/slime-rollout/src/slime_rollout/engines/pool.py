@@ -63,7 +63,8 @@ class EngineSlot:
 
     Attributes:
         index: position of the engine in the run's engine list.
-        client: the engine's `slime_rollout.engines.client.EngineClient` (replaced when a restart changes the URL).
+        client: the engine's `slime_rollout.engines.engine_client.EngineClient` (replaced when a restart changes its
+            URL).
         state: where the engine is in its life cycle.
         outstanding: generation requests in flight on it.
         calls: the in-flight `/generate` calls (tasks), cancelled by `EnginePool.mark_failed`.

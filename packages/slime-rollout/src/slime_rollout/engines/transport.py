@@ -1,8 +1,8 @@
 """Retrying HTTP transport bound to one engine (or router) base URL, and the errors it raises.
 
 `HttpEndpoint.request` sends one JSON request with retries on connection-level failures and raises
-`EngineError` (naming the URL and endpoint) on anything else; `slime_rollout.engines.client.EngineClient` builds the
-engine's API on it.
+`EngineError` (naming the URL and endpoint) on anything else; `slime_rollout.engines.engine_client.EngineClient`
+builds the engine's API on it.
 
 The transport is aiohttp: httpx/httpcore's pool scans every connection for every request, which made 512
 concurrent /generate calls about 8x slower than aiohttp's. Connection errors are retried with

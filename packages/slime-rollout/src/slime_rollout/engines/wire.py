@@ -1,7 +1,7 @@
 """The weight-update wire format: what travels between a trainer and an engine, in one place.
 
 Both ends import this module and nothing of each other: the trainer side (`slime_rollout.weight_sync.updaters`, through
-`slime_rollout.engines.client.EngineClient`) encodes, the engine side (the CPU reference engine,
+`slime_rollout.engines.engine_client.EngineClient`) encodes, the engine side (the CPU reference engine,
 `slime_rollout.engines.reference.routes.weights`) decodes; SGLang 0.5.16 is the other engine that reads it. Three parts:
 
 * **Requests**: one frozen dataclass per weight-update endpoint (LoRA adapter loads included) holding the JSON fields

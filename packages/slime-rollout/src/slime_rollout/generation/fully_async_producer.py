@@ -32,7 +32,15 @@ from slime_core.sample import Sample, Status
 from slime_rollout.generation.filters import call_dynamic_filter
 from slime_rollout.generation.generate import abort_all, weight_versions
 from slime_rollout.generation.group_rollout import RolloutState, checked_groups, generate_and_rm_group, num_engines
-from slime_rollout.generation.staleness import group_version, parse_version, sample_version, staleness_metrics
+from slime_rollout.generation.staleness import (
+    fits_deadlines,
+    group_version,
+    parse_version,
+    past_bound,
+    sample_version,
+    staleness_metrics,
+    version_floor,
+)
 from slime_rollout.plugins import load_function
 from slime_rollout.runtime.deadlines import call_plugin_with_deadline, plugin_bounds
 from slime_rollout.runtime.metrics import flatten_groups
@@ -429,7 +437,7 @@ class FullyAsyncProducer:
         then find no place by its deadline (this take has `places` left, each later take `--rollout-batch-size`).
         Taking the fresher group instead left the older one, one version behind, to the next take, where it was
         two behind and dropped (groups a weight push sent back to be continued finish after fresh short ones). A group
-        already too stale for this take (`_doomed`) holds no place: it is dropped when it finishes.
+        already too stale for this take (`staleness.past_bound`) holds no place: it is dropped when it finishes.
         """
         if not self._ready:
             return None
@@ -438,47 +446,16 @@ class FullyAsyncProducer:
         best = min(self._ready, key=lambda h: h.version)
         held = (*self._in_flight.values(), *self._recycled, *self._judged)
         # A group that already counts as too stale for this take is dropped when it finishes: no place is kept for it.
-        pending = [self._version_floor(h) for h in held if not self._doomed(h, rollout_id, bound)]
+        mask = self._mask_offpolicy
+        pending = [
+            version_floor(h.group, h.submitted_version, mask_offpolicy=mask)
+            for h in held
+            if not past_bound(h.group, rollout_id, bound, mask_offpolicy=mask)
+        ]
         if not pending or best.version <= min(pending):
             return best
         deadlines = sorted(v + bound for v in [*(h.version for h in self._ready if h is not best), *pending])
-        return best if _fits(deadlines, rollout_id, places - 1, self.args.rollout_batch_size) else None
-
-    def _doomed(self, held: _Held, rollout_id: int, bound: int) -> bool:
-        """Whether a group still being generated will be more than `bound` versions behind `rollout_id` when done.
-
-        Its version (`group_version`) is the oldest among its samples and a sample's only gets older, except that
-        with `--mask-offpolicy-in-partial-rollout` a sample still to be continued counts by a call to come: so the
-        version of a finished sample (any sample without that flag) is a ceiling of the group's.
-        """
-        ceiling = self._oldest_counted_version(held)
-        return ceiling is not None and rollout_id - ceiling > bound
-
-    def _version_floor(self, held: _Held) -> int:
-        """A lower bound on the version a group still being generated will count as (`group_version` when done).
-
-        Every call from its (re)submission on runs at `submitted_version` or later; samples already generated
-        count by their versions (with `--mask-offpolicy-in-partial-rollout`, a sample still to be continued counts
-        by a call to come).
-        """
-        oldest = self._oldest_counted_version(held)
-        return held.submitted_version if oldest is None else min(held.submitted_version, oldest)
-
-    def _oldest_counted_version(self, held: _Held) -> int | None:
-        """The oldest weight version among the group's samples that already count (None: none does yet).
-
-        With `--mask-offpolicy-in-partial-rollout` a sample still to be continued does not count yet, and a sample
-        generated over several versions counts by its trainable tokens' (`sample_version(trainable_only=True)`).
-        """
-        oldest = None
-        for sample in flatten_groups([held.group]):
-            done = sample.status in (Status.COMPLETED, Status.TRUNCATED)
-            if self._mask_offpolicy and not done:
-                continue
-            version = sample_version(sample, trainable_only=self._mask_offpolicy and len(sample.weight_versions) > 1)
-            if version is not None:
-                oldest = version if oldest is None else min(oldest, version)
-        return oldest
+        return best if fits_deadlines(deadlines, rollout_id, places - 1, self.args.rollout_batch_size) else None
 
     async def _arrival_or_death(self) -> None:
         assert self._task is not None
@@ -548,15 +525,3 @@ async def _cancelled(task: asyncio.Future[Any]) -> None:
     """
     task.cancel()
     await asyncio.wait({task})  # returns, not raises, when `task` ends cancelled
-
-
-def _fits(deadlines: list[int], rollout_id: int, places: int, batch: int) -> bool:
-    """Whether groups with these sorted deadlines each get a place in a take no later than their deadline.
-
-    Earliest deadline first: `places` places in take `rollout_id`, then `batch` in each later take.
-    """
-    for i, deadline in enumerate(deadlines):
-        take = rollout_id if i < places else rollout_id + 1 + (i - places) // batch
-        if take > deadline:
-            return False
-    return True

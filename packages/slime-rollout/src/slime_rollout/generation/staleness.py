@@ -18,9 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from slime_core.sample import Sample
+from slime_core.sample import Sample, Status
+from slime_rollout.runtime.metrics import flatten_groups
 
-__all__ = ["group_version", "parse_version", "sample_version", "staleness_metrics"]
+__all__ = [
+    "fits_deadlines",
+    "group_version",
+    "oldest_counted_version",
+    "parse_version",
+    "past_bound",
+    "sample_version",
+    "staleness_metrics",
+    "version_floor",
+]
 
 
 def parse_version(version: str | None) -> int | None:
@@ -90,3 +100,67 @@ def staleness_metrics(staleness: Sequence[int]) -> dict[str, float]:
         "rollout/staleness_p50": float(np.percentile(arr, 50)),
         "rollout/staleness_p90": float(np.percentile(arr, 90)),
     }
+
+
+# ---- the fully-async take's deadlines (`FullyAsyncProducer._pick`) ----------------------------------
+
+
+def oldest_counted_version(group: Sequence[Any], *, mask_offpolicy: bool) -> int | None:
+    """The oldest weight version among a group's samples that already count (None: none does yet).
+
+    With `--mask-offpolicy-in-partial-rollout` a sample still to be continued does not count yet, and a sample
+    generated over several versions counts by its trainable tokens' (`sample_version(trainable_only=True)`).
+
+    Args:
+        group: a prompt group still being generated (samples, possibly nested).
+        mask_offpolicy: `--mask-offpolicy-in-partial-rollout`.
+    """
+    oldest = None
+    for sample in flatten_groups([group]):
+        done = sample.status in (Status.COMPLETED, Status.TRUNCATED)
+        if mask_offpolicy and not done:
+            continue
+        version = sample_version(sample, trainable_only=mask_offpolicy and len(sample.weight_versions) > 1)
+        if version is not None:
+            oldest = version if oldest is None else min(oldest, version)
+    return oldest
+
+
+def version_floor(group: Sequence[Any], submitted_version: int, *, mask_offpolicy: bool) -> int:
+    """A lower bound on the version a group still being generated will count as (`group_version` when done).
+
+    Every call from its (re)submission on runs at `submitted_version` or later; samples already generated count
+    by their versions (with `--mask-offpolicy-in-partial-rollout`, a sample still to be continued counts by a call
+    to come).
+    """
+    oldest = oldest_counted_version(group, mask_offpolicy=mask_offpolicy)
+    return submitted_version if oldest is None else min(submitted_version, oldest)
+
+
+def past_bound(group: Sequence[Any], rollout_id: int, bound: int, *, mask_offpolicy: bool) -> bool:
+    """Whether a group still being generated will be more than `bound` versions behind `rollout_id` when done.
+
+    Its version (`group_version`) is the oldest among its samples and a sample's only gets older, except that
+    with `--mask-offpolicy-in-partial-rollout` a sample still to be continued counts by a call to come: so the
+    version of a finished sample (any sample without that flag) is a ceiling of the group's.
+    """
+    ceiling = oldest_counted_version(group, mask_offpolicy=mask_offpolicy)
+    return ceiling is not None and rollout_id - ceiling > bound
+
+
+def fits_deadlines(deadlines: Sequence[int], rollout_id: int, places: int, batch: int) -> bool:
+    """Whether groups with these sorted deadlines each get a place in a take no later than their deadline.
+
+    Earliest deadline first: `places` places in take `rollout_id`, then `batch` in each later take.
+
+    Args:
+        deadlines: each group's last take (its version + `--max-weight-staleness`), ascending.
+        rollout_id: the take being filled.
+        places: places left in that take.
+        batch: places of each later take (`--rollout-batch-size`).
+    """
+    for i, deadline in enumerate(deadlines):
+        take = rollout_id if i < places else rollout_id + 1 + (i - places) // batch
+        if take > deadline:
+            return False
+    return True

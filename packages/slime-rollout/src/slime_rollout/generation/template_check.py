@@ -84,6 +84,8 @@ class _Head:
     # The assistant header's text past the generation prompt, which the model writes itself: GLM-4 prompts with
     # `<|assistant|>` and renders a turn as `<|assistant|>\n{content}`, so its model turns open with "\n".
     header_rest: str
+    # The whole rendering: the special tokens a plain user/assistant exchange holds (`_ends_with_own_marker`).
+    text: str
 
 
 _HEAD = ({"role": "user", "content": "u"}, {"role": "assistant", "content": TEMPLATE_SENTINEL})
@@ -114,7 +116,7 @@ def _head(tokenizer: Any) -> _Head:
     prompt = render_messages(tokenizer, [dict(_HEAD[0])], add_generation_prompt=True)
     first = rendered.find(TEMPLATE_SENTINEL)
     rest = rendered[len(prompt) : first] if first >= 0 and rendered[:first].startswith(prompt) else ""
-    head = _Head(echoes=rendered.count(TEMPLATE_SENTINEL), end_of_turn=tail, header_rest=rest)
+    head = _Head(echoes=rendered.count(TEMPLATE_SENTINEL), end_of_turn=tail, header_rest=rest, text=rendered)
     if isinstance(template, str):
         with _heads_lock:
             _heads[key] = head
@@ -154,7 +156,9 @@ def render_continuation(
         messages: the chat messages after the assistant turn (tool results, user turns, ...), in order.
         model_turn: decoded text of the model turn (special tokens kept); when it already ends with the
             end-of-turn marker (the model emitted `<|im_end|>`), the marker is not repeated, nor a special token the
-            continuation opens with (GLM-4's model stops on `<|observation|>`, the tool turn's header).
+            continuation opens with (GLM-4's model stops on `<|observation|>`, the tool turn's header); when it ends
+            with a marker the template writes in place of the end-of-turn one (Llama 3.1 ends a built-in tool call
+            with `<|eom_id|>`, then opens the `ipython` turn), no `<|eot_id|>` is added.
         template_kwargs: the template variables the prompt was rendered with (`--apply-chat-template-kwargs`):
             the next assistant header is the template's for them (Qwen3's `enable_thinking: false` adds an empty
             `<think>\n\n</think>\n\n`; without them, turns after the first were prompted in thinking mode).
@@ -181,12 +185,38 @@ def render_continuation(
         raise ValueError("chat template does not render assistant content verbatim; cannot derive the turn wrapper")
     text = rendered[cut + len(TEMPLATE_SENTINEL) :]
     eot = head.end_of_turn
-    if eot and model_turn.rstrip().endswith(eot) and text.startswith(eot):
-        return text[len(eot) :]
+    if eot and text.startswith(eot):
+        # The model closed its turn itself: with the end-of-turn marker, or with another end-of-message marker the
+        # template writes in its place (Llama 3.1's `<|eom_id|>` after a built-in tool call).
+        if model_turn.rstrip().endswith(eot) or _ends_with_own_marker(tokenizer, model_turn):
+            return text[len(eot) :]
     # A template without an end-of-turn marker (GLM-4's) opens the next turn with a role token that the model stops
     # on (`<|observation|>`, `<|user|>`: stop ids of its generation config): the model wrote it, so it is not repeated.
     closing = [t for t in _special_tokens(tokenizer) if model_turn.endswith(t) and text.startswith(t)]
     return text[len(max(closing, key=len)) :] if closing else text
+
+
+def _ends_with_own_marker(tokenizer: Any, model_turn: str) -> bool:
+    """Whether the model turn ends with another end-of-message marker of the template (Llama 3.1's `<|eom_id|>`).
+
+    Such a marker is a special token the template's source writes itself, never right before its end-of-turn
+    marker, and that a plain user/assistant exchange (the head) never holds: Llama 3.1 writes `<|eom_id|>` after a
+    built-in tool call (`<|python_tag|>brave_search.call(query="x")<|eom_id|>`) and the tool's
+    `<|start_header_id|>ipython` header follows it with no `<|eot_id|>` between. Not one: a token of every turn
+    (ChatML's `<|im_start|>`, in the head); one the template never writes (Qwen's `<|endoftext|>`, Llama 3.0's
+    `<|eom_id|>`), which it closes with its end-of-turn marker as any other content; one the template writes
+    followed by that marker (a tool-calls block's closing token written as `<|tool_calls_end|><|eot|>`).
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    turn = model_turn.rstrip()
+    head = _head(tokenizer)
+    if not isinstance(template, str) or not head.end_of_turn:
+        return False
+    return any(
+        t in template and t + head.end_of_turn not in template and t not in head.text
+        for t in _special_tokens(tokenizer)
+        if turn.endswith(t)
+    )
 
 
 def _special_tokens(tokenizer: Any) -> list[str]:
@@ -306,7 +336,11 @@ def record_segment(
 def _chat_messages(
     tokenizer: Any, prompt: str | list[dict[str, Any]], segments: list[dict[str, Any]]
 ) -> list[dict[str, Any]] | None:
-    """The conversation as chat messages, or None when some observation was not rendered from chat messages."""
+    """The conversation as chat messages, or None when some observation was not rendered from chat messages.
+
+    None too when a model turn ends with a marker the template writes in place of its end-of-turn one
+    (`_ends_with_own_marker`): the concatenated text is compared then.
+    """
     if isinstance(prompt, str) or any(
         s["role"] == "observation" and s.get("tool_responses") is None and s.get("messages") is None for s in segments
     ):
@@ -316,6 +350,10 @@ def _chat_messages(
     messages = list(prompt)
     for k, segment in enumerate(segments):
         if segment["role"] == "assistant":
+            if _ends_with_own_marker(tokenizer, segment["content"]):
+                # The template writes such a turn only from structured tool calls (Llama 3.1: `tool_calls` and
+                # `builtin_tools`), which the recorded text is not; as plain content it would close it twice.
+                return None
             text = segment["content"].rstrip()
             text = text.removesuffix(eot) if eot else text
             text = text.removeprefix(rest) if rest.strip() == "" else text  # whitespace the template writes again

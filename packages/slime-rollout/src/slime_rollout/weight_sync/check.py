@@ -337,7 +337,7 @@ async def engine_checksums(engine: Any) -> list[dict[str, str]] | None:
     """One engine's checksums, one dict per TP rank (`/weights_checker {"action": "checksum"}`).
 
     Args:
-        engine: a `slime_rollout.engines.client.EngineClient` (anything with `url` and `request`).
+        engine: a `slime_rollout.engines.engine_client.EngineClient` (anything with `url` and `request`).
 
     Returns:
         `[{SGLang name: 16 hex digits}, ...]`, wrapper-free names (`strip_wrappers`); None when the engine has no
@@ -367,7 +367,7 @@ async def check_engines(engines: Iterable[Any], expected: dict[str, str]) -> Wei
     """Compares every engine's checksums with the trainer's for the drawn parameters.
 
     Args:
-        engines: `slime_rollout.engines.client.EngineClient`s.
+        engines: `slime_rollout.engines.engine_client.EngineClient`s.
         expected: `{SGLang name: checksum}` of what was pushed (`PushChecksums.checksums`).
 
     Returns:

@@ -119,7 +119,7 @@ class PushSession:
     """Calls on the engines of one push, dropping an engine at its first failure.
 
     Args:
-        engines: `slime_rollout.engines.client.EngineClient`s to push to.
+        engines: `slime_rollout.engines.engine_client.EngineClient`s to push to.
         tolerant: drop a failing engine and go on with the others (False: raise at once, as a collective
             transport must, since its other members wait on the failed one).
         quick_call_s: seconds an engine has to answer a quick control call (`QUICK_CALL_FLAG`; None: the

@@ -4,10 +4,46 @@ from __future__ import annotations
 
 from typing import Any
 
-from slime.rollout.rm_hub.math_utils import last_boxed_only_string, remove_boxed
 from slime_rollout.rewards.dapo import dapo_reward
 
-__all__ = ["compute_score", "last_boxed_only_string", "remove_boxed"]
+__all__ = ["BoxError", "compute_score", "last_boxed_only_string", "remove_boxed"]
+
+_BOX = "\\boxed{"
+
+
+class BoxError(ValueError, AssertionError):
+    r"""`remove_boxed` got no `\boxed{...}`; an AssertionError too, as the original raised and callers catch."""
+
+
+def last_boxed_only_string(string: str) -> str | None:
+    r"""The last `\boxed{...}` of `string`, command and braces included, or None.
+
+    Unlike `math_utils.last_boxed_only_string` (the original's two modules differ), only `\boxed{` counts: `\fbox{7}`,
+    `\boxed 5` and `\boxed {5}` are no box.
+    """
+    start = string.rfind(_BOX)
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start, len(string)):
+        if string[i] == "{":
+            depth += 1
+        elif string[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return string[start : i + 1]
+    return None
+
+
+def remove_boxed(s: str) -> str:
+    r"""`"\boxed{x}"` -> `"x"`.
+
+    Raises:
+        BoxError: `s` does not start with `\boxed{` and end with `}` (the original asserted it).
+    """
+    if not s.startswith(_BOX) or not s.endswith("}"):
+        raise BoxError(f"box error: {s}")
+    return s[len(_BOX) : -1]
 
 
 def compute_score(

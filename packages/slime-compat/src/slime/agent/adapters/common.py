@@ -1,0 +1,5 @@
+"""Not carried: importing `slime.agent.adapters.common` fails in one line (`slime.agent._not_carried`)."""
+
+from slime.agent._not_carried import refuse
+
+refuse(__name__)
