@@ -17,6 +17,11 @@ Two ways in, as in `slime_core.config.opd`:
 SGLang's reply has one `input_token_logprobs` entry per position from `logprob_start_len` on, and the entry of
 that first position is always `None` (SGLang drops the log-prob computed for it, whatever the start), so the
 request starts one position before the response: every response token then has a number.
+
+A sample with images is scored with them, as the original's `reward_func` sends them: the request carries the
+images as `image_data` and the ids with each image's run collapsed to one `<|image_pad|>`, as the rollout's own
+request (`slime_rollout.generation.generate`). Its log-probs are asked from position 0: SGLang expands the images
+before it reads `logprob_start_len`, so 0 is the one start that means the same position on both sides.
 * the original's plugins, for unchanged launch scripts: `--custom-rm-path
   slime.rollout.on_policy_distillation.reward_func` (the teacher reply as the "reward") and
   `--custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards` (teacher
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from slime_core.config.opd import builtin_teacher_scoring
 from slime_core.error_text import preview
 from slime_core.sample import Sample, Status
+from slime_rollout.data.multimodal import prepare_vision_prompt, sample_images, vision_token_ids
 from slime_rollout.data.tokenizer import get_tokenizer
 from slime_rollout.engines.transport import HttpEndpoint
 
@@ -71,17 +77,52 @@ def _endpoint(url: str) -> tuple[HttpEndpoint, str]:
 def teacher_payload(args: SlimeArgs, sample: Sample, *, logprob_start_len: int) -> dict[str, Any]:
     """The `/generate` request that scores `sample.tokens` (no new tokens, input log-probs from a position).
 
+    A sample with images (`Sample.multimodal_inputs`) is sent as the rollout sends it: its ids with each image's run
+    collapsed to one image token, its images as `image_data`, and `logprob_start_len` 0 whatever was asked (the
+    teacher expands the images again, so only position 0 is the same position in both id lists); read the start
+    back from the payload.
+
     Args:
-        args: reads `rollout_temperature`.
+        args: reads `rollout_temperature`, `hf_checkpoint` (the processor of a sample with images).
         sample: the student's sample (prompt + response ids).
         logprob_start_len: first position whose log-prob is returned (0: all; prompt length: the response).
+
+    Raises:
+        ValueError: a sample with images whose tokens do not start with the processor's prompt, or whose response
+            holds the image token (the teacher would take it for one more image and fail the request).
     """
-    return {
-        "input_ids": list(sample.tokens),
+    input_ids = list(sample.tokens)
+    images = sample_images(sample)
+    payload: dict[str, Any] = {}
+    if images:
+        input_ids, payload["image_data"] = _vision_request(args, sample, images)
+        logprob_start_len = 0
+    payload |= {
+        "input_ids": input_ids,
         "sampling_params": {"temperature": args.rollout_temperature, "max_new_tokens": 0, "skip_special_tokens": False},
         "return_logprob": True,
         "logprob_start_len": logprob_start_len,
     }
+    return payload
+
+
+def _vision_request(args: SlimeArgs, sample: Sample, images: list[str]) -> tuple[list[int], list[str]]:
+    """The `/generate` ids (image runs collapsed) and `image_data` of a sample with images."""
+    vision = prepare_vision_prompt(args.hf_checkpoint, sample.prompt, images)
+    prompt = tuple(sample.tokens[: len(vision.input_ids)])
+    if prompt != vision.input_ids:
+        raise ValueError(
+            f"sample {sample.index}: its tokens do not start with the processor's {len(vision.input_ids)} prompt ids "
+            "(images expanded), so the teacher cannot be sent its images"
+        )
+    rest = list(sample.tokens[len(vision.input_ids) :])
+    image_token_id, _ = vision_token_ids(args.hf_checkpoint)
+    if image_token_id in rest:
+        raise ValueError(
+            f"sample {sample.index}: its response holds the image placeholder token {image_token_id}; the OPD teacher "
+            "would take it for one more image and refuse the request"
+        )
+    return [*vision.engine_input_ids, *rest], list(vision.engine_images)
 
 
 def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logprob_start_len: int) -> list[float]:
@@ -202,10 +243,11 @@ def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: s
 async def _score_one(args: SlimeArgs, sample: Sample, semaphore: asyncio.Semaphore) -> None:
     endpoint, route = _endpoint(args.rm_url)
     # One position before the response: SGLang's entry at logprob_start_len itself is always None.
-    start = max(sample.prompt_length - 1, 0)
-    payload = _with_texts_until_checked(args, teacher_payload(args, sample, logprob_start_len=start))
+    payload = teacher_payload(args, sample, logprob_start_len=max(sample.prompt_length - 1, 0))
+    payload = _with_texts_until_checked(args, payload)
     async with semaphore:
         reply = await endpoint.request("POST", route, payload)
+    start = payload["logprob_start_len"]  # 0 for a sample with images
     sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=start)
     _check_vocabulary_once(args, payload, reply, sample)
 
@@ -261,11 +303,12 @@ async def reward_func(
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """The original's `slime.rollout.on_policy_distillation.reward_func`: the teacher's reply as the "reward".
 
-    POSTs the sample's full token ids to `--rm-url` with `logprob_start_len: 0`. The sample's `teacher_log_probs`
-    are set from the reply here already, and its logged raw reward is 0 (`metadata["raw_reward"]`: the reply is no
-    score); `post_process_rewards` (or the user's own) reads the reply as the original's does. A list of samples
-    (`--group-rm`, or a fan-out generate function's samples, which a custom reward gets in one call) gets one reply
-    per sample, scored concurrently (the original's function takes one sample only).
+    POSTs the sample's full token ids (and its images, as `teacher_payload` sends them) to `--rm-url` with
+    `logprob_start_len: 0`. The sample's `teacher_log_probs` are set from the reply here already, and its logged raw
+    reward is 0 (`metadata["raw_reward"]`: the reply is no score); `post_process_rewards` (or the user's own) reads
+    the reply as the original's does. A list of samples (`--group-rm`, or a fan-out generate function's samples,
+    which a custom reward gets in one call) gets one reply per sample, scored concurrently (the original's function
+    takes one sample only).
     """
     if isinstance(sample, list):
         return list(await asyncio.gather(*(reward_func(args, s, **kwargs) for s in sample)))
