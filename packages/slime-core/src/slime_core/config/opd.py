@@ -61,6 +61,14 @@ def validate_opd(args: SlimeArgs) -> None:
         return
     if args.opd_type is None:
         raise ConfigError("--use-opd requires --opd-type sglang (teacher engine) or megatron/fsdp (trainer-side)")
+    if args.opd_kl_coef == 0:
+        # The teacher is still asked (or held and run) every rollout, for the logged opd_reverse_kl only.
+        warn_once(
+            "opd_kl_coef_zero",
+            "--use-opd with --opd-kl-coef 0: the teacher's log-probs do not enter the advantages (only the "
+            "opd_reverse_kl metric is logged), yet the teacher scores every sample; give a positive --opd-kl-coef "
+            "or drop --use-opd",
+        )
     if args.opd_type == ENGINE_TEACHER:
         if args.opd_teacher_load is not None:
             raise ConfigError(
