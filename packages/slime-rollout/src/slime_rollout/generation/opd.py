@@ -20,8 +20,9 @@ request starts one position before the response: every response token then has a
 
 A sample with images is scored with them, as the original's `reward_func` sends them: the request carries the
 images as `image_data` and the ids with each image's run collapsed to one `<|image_pad|>`, as the rollout's own
-request (`slime_rollout.generation.generate`). Its log-probs are asked from position 0: SGLang expands the images
-before it reads `logprob_start_len`, so 0 is the one start that means the same position on both sides.
+request (`slime_rollout.generation.generate`). Its log-probs are asked from position 0, as the original asks: the
+request's ids are shorter than the expanded ones the teacher scores, and 0 is the one start that names the same
+position in both (whichever SGLang counts in; tests/fixtures/sglang-wire records no image request with a start).
 * the original's plugins, for unchanged launch scripts: `--custom-rm-path
   slime.rollout.on_policy_distillation.reward_func` (the teacher reply as the "reward") and
   `--custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards` (teacher
@@ -79,8 +80,8 @@ def teacher_payload(args: SlimeArgs, sample: Sample, *, logprob_start_len: int) 
 
     A sample with images (`Sample.multimodal_inputs`) is sent as the rollout sends it: its ids with each image's run
     collapsed to one image token, its images as `image_data`, and `logprob_start_len` 0 whatever was asked (the
-    teacher expands the images again, so only position 0 is the same position in both id lists); read the start
-    back from the payload.
+    teacher expands the images again: only position 0 is the same position in both id lists); read the start back
+    from the payload.
 
     Args:
         args: reads `rollout_temperature`, `hf_checkpoint` (the processor of a sample with images).
