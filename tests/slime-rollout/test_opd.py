@@ -244,3 +244,46 @@ def test_the_vocabulary_check_reads_token_texts(tiny_qwen3_dir):
         check_teacher_vocabulary(two, sample, rm_url="u", hf_checkpoint=str(tiny_qwen3_dir))
     no_text = {"meta_info": {"input_token_logprobs": [[-1.0, t, None] for t in (3, 4, 5)]}}
     assert check_teacher_vocabulary(no_text, sample, rm_url="u", hf_checkpoint=str(tiny_qwen3_dir)) is False
+
+
+def test_a_teacher_http_error_names_the_teacher_and_the_sample_once(args, monkeypatch):
+    """A teacher answering HTTP 500 ended the run with "engine URL/generate failed (HTTP 500): ..." and the driver's
+    advice "--use-fault-tolerance restarts an engine that dies", which never restarts a teacher slime did not start;
+    neither the OPD teacher nor the sample was named. It fails at the first reply (no retry of an answer, as the
+    original's raise_for_status), naming both and saying --use-fault-tolerance does not restart it (the driver's
+    `slime_app.failures.engine_failure` then adds no advice of its own)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from slime_rollout.engines.transport import EngineError
+    from slime_rollout.generation import opd
+
+    posts = []
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_POST(self):
+            posts.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"CUDA out of memory")
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/generate"
+        monkeypatch.setattr(args, "rm_url", url)
+        for call in (opd.score_teacher(args, _samples()[:1]), opd.reward_func(args, _samples()[0])):
+            with pytest.raises(EngineError) as err:
+                asyncio.run(call)
+            assert err.value.status_code == 500 and not err.value.unreachable
+            assert str(err.value) == (
+                f"engine http://127.0.0.1:{server.server_address[1]}/generate failed (HTTP 500): the OPD teacher "
+                "(--rm-url) did not score sample 0: CUDA out of memory (slime does not start this engine, so "
+                "--use-fault-tolerance does not restart it)"
+            )
+        assert len(posts) == 2  # one request each: an HTTP error is not retried
+    finally:
+        server.shutdown()

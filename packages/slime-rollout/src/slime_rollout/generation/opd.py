@@ -43,7 +43,7 @@ from slime_core.error_text import preview
 from slime_core.sample import Sample, Status
 from slime_rollout.data.multimodal import prepare_vision_prompt, sample_images, vision_token_ids
 from slime_rollout.data.tokenizer import get_tokenizer
-from slime_rollout.engines.transport import HttpEndpoint
+from slime_rollout.engines.transport import EngineError, HttpEndpoint
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -241,13 +241,31 @@ def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: s
     return True
 
 
-async def _score_one(args: SlimeArgs, sample: Sample, semaphore: asyncio.Semaphore) -> None:
+async def _ask_teacher(args: SlimeArgs, sample: Sample, payload: dict[str, Any]) -> dict[str, Any]:
+    """POSTs one scoring request to `--rm-url`; a failure names the teacher and the sample.
+
+    Raises:
+        EngineError: the teacher's HTTP error or unreachability (after `HttpEndpoint`'s bounded retries), saying it
+            is the OPD teacher: the run's own engines and the `--use-fault-tolerance` advice are not about it.
+    """
     endpoint, route = _endpoint(args.rm_url)
+    try:
+        return await endpoint.request("POST", route, payload)
+    except EngineError as exc:
+        raise EngineError(
+            exc.url, exc.endpoint,
+            f"the OPD teacher (--rm-url) did not score sample {sample.index}: {exc.message} (slime does not start "
+            "this engine, so --use-fault-tolerance does not restart it)",
+            exc.status_code, unreachable=exc.unreachable,
+        ) from exc  # fmt: skip
+
+
+async def _score_one(args: SlimeArgs, sample: Sample, semaphore: asyncio.Semaphore) -> None:
     # One position before the response: SGLang's entry at logprob_start_len itself is always None.
     payload = teacher_payload(args, sample, logprob_start_len=max(sample.prompt_length - 1, 0))
     payload = _with_texts_until_checked(args, payload)
     async with semaphore:
-        reply = await endpoint.request("POST", route, payload)
+        reply = await _ask_teacher(args, sample, payload)
     start = payload["logprob_start_len"]  # 0 for a sample with images
     sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=start)
     _check_vocabulary_once(args, payload, reply, sample)
@@ -288,7 +306,7 @@ async def score_teacher(args: SlimeArgs, samples: Sequence[Sample]) -> int:
         The number of samples scored.
 
     Raises:
-        slime_rollout.engines.transport.EngineError: the teacher failed or is unreachable.
+        slime_rollout.engines.transport.EngineError: the teacher failed or is unreachable (naming it and the sample).
         ValueError: a reply that does not fit its sample.
     """
     if not builtin_teacher_scoring(args):
@@ -313,9 +331,8 @@ async def reward_func(
     """
     if isinstance(sample, list):
         return list(await asyncio.gather(*(reward_func(args, s, **kwargs) for s in sample)))
-    endpoint, route = _endpoint(args.rm_url)
     payload = _with_texts_until_checked(args, teacher_payload(args, sample, logprob_start_len=0))
-    reply = await endpoint.request("POST", route, payload)
+    reply = await _ask_teacher(args, sample, payload)
     sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=0)
     _check_vocabulary_once(args, payload, reply, sample)
     sample.metadata["raw_reward"] = 0.0
