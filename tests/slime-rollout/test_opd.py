@@ -108,6 +108,32 @@ def test_a_reply_that_does_not_fit_its_sample_fails_clearly():
         teacher_log_probs_from_reply({"meta_info": {}}, sample, logprob_start_len=2)
 
 
+@pytest.mark.parametrize(
+    ("reply", "shown"), [("<html>It works!</html>", "str '<html>It works!</html>'"), ([1, 2], "list '[1, 2]'")]
+)
+def test_a_reply_that_is_no_json_object_names_the_sample_and_the_flag(reply, shown):
+    # A --rm-url naming a web server (its HTML page, which the HTTP client gives as text) or a service answering a
+    # JSON list failed with AttributeError: 'str' object has no attribute 'get', naming neither sample nor flag.
+    sample = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
+    with pytest.raises(ValueError) as err:
+        teacher_log_probs_from_reply(reply, sample, logprob_start_len=1)
+    assert str(err.value) == (
+        f"sample 7: the teacher's reply is {shown}, not SGLang's /generate JSON object: is --rm-url the teacher "
+        "engine's http://host:port/generate?"
+    )
+
+
+def test_a_json_reply_without_log_probs_shows_what_it_holds():
+    # {"detail": "Not Found"} (a FastAPI service on the --rm-url port) was "has no meta_info.input_token_logprobs".
+    sample = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
+    with pytest.raises(ValueError) as err:
+        teacher_log_probs_from_reply({"detail": "Not Found"}, sample, logprob_start_len=1)
+    assert str(err.value) == (
+        "sample 7: the teacher's reply has no meta_info.input_token_logprobs (its keys: ['detail']; meta_info: []): "
+        "is --rm-url the teacher engine's /generate, and does it return log-probs (return_logprob)?"
+    )
+
+
 def test_ids_sglang_clips_to_zero_are_not_a_mismatch():
     """SGLang answers id 0 for an input id >= vocab size - 1 (seen on an H200: a random policy sampled one and the
     OPD run stopped with "scored other tokens"); a real misalignment is still named with its position."""

@@ -139,10 +139,17 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
         `[response_length]` floats.
 
     Raises:
-        ValueError: the teacher aborted the request, the reply has no input log-probs, too few of them, an entry
+        ValueError: the reply is no JSON object (a wrong `--rm-url`), the teacher aborted the request, the reply has
+            no input log-probs, too few of them, an entry
             that is no `[logprob, token_id, ...]`, scores other tokens than the response, has no number (None) for a
             response token (`logprob_start_len` not before the response) or a NaN/infinite one.
     """
+    if not isinstance(reply, dict):
+        # `HttpEndpoint` gives a non-JSON body as text: a --rm-url that names a web page or another service.
+        raise ValueError(
+            f"sample {sample.index}: the teacher's reply is {type(reply).__name__} {preview(str(reply), 60)}, not "
+            "SGLang's /generate JSON object: is --rm-url the teacher engine's http://host:port/generate?"
+        )
     meta = reply.get("meta_info") or {}
     finish = meta.get("finish_reason")
     if isinstance(finish, dict) and finish.get("type") == "abort":
@@ -154,7 +161,11 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
         )
     entries = meta.get("input_token_logprobs")
     if entries is None:
-        raise ValueError(f"sample {sample.index}: the teacher's reply has no meta_info.input_token_logprobs")
+        raise ValueError(
+            f"sample {sample.index}: the teacher's reply has no meta_info.input_token_logprobs (its keys: "
+            f"{sorted(reply)}; meta_info: {sorted(meta)}): is --rm-url the teacher engine's /generate, and does it "
+            "return log-probs (return_logprob)?"
+        )
     n = sample.response_length
     tail = list(entries)[len(entries) - n :] if n else []
     if len(entries) < n or logprob_start_len + len(entries) != len(sample.tokens):
