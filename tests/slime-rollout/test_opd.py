@@ -134,6 +134,27 @@ def test_a_json_reply_without_log_probs_shows_what_it_holds():
     )
 
 
+def test_a_teacher_that_expands_the_images_otherwise_is_read_from_the_tail():
+    # A VL teacher with another image processor (Qwen2.5-VL's 14-pixel patches for a Qwen3-VL student's 16, or another
+    # max_pixels) expands the image into more or fewer tokens: its reply was refused ("returned 15 input log-probs
+    # from position 0 for 12 tokens"), where the original reads the response from the reply's tail.
+    sample = Sample(tokens=[1, 151652, *[151655] * 6, 151653, 2, 30, 31], response_length=2, index=4)
+    sample.multimodal_inputs = {"images": ["data:image/png;base64,AAAA"]}
+    for prompt_len in (13, 6):  # the teacher's own expansion of the 10 prompt tokens
+        entries = [[None, 1, None]] + [[-0.1, 7, None]] * (prompt_len - 1) + [[-0.5, 30, None], [-0.25, 31, None]]
+        reply = {"meta_info": {"input_token_logprobs": entries}}
+        assert teacher_log_probs_from_reply(reply, sample, logprob_start_len=0) == [-0.5, -0.25]
+    with pytest.raises(ValueError, match="sample 4: the teacher returned 2 input log-probs from position 0 for 12"):
+        teacher_log_probs_from_reply({"meta_info": {"input_token_logprobs": entries[-2:]}}, sample, logprob_start_len=0)
+    # Text-only samples keep the exact count: a shifted reply is no other image processor.
+    text = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
+    longer = {
+        "meta_info": {"input_token_logprobs": [[None, 1, None], [-0.1, 2, None], [-0.5, 3, None], [-0.2, 4, None]]}
+    }
+    with pytest.raises(ValueError, match="sample 7: the teacher returned 4 input log-probs from position 1 for 4"):
+        teacher_log_probs_from_reply(longer, text, logprob_start_len=1)
+
+
 def test_ids_sglang_clips_to_zero_are_not_a_mismatch():
     """SGLang answers id 0 for an input id >= vocab size - 1 (seen on an H200: a random policy sampled one and the
     OPD run stopped with "scored other tokens"); a real misalignment is still named with its position."""

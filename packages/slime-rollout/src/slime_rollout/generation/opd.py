@@ -140,7 +140,8 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
 
     Raises:
         ValueError: the reply is no JSON object (a wrong `--rm-url`), the teacher aborted the request, the reply has
-            no input log-probs, too few of them, an entry
+            no input log-probs, another count of them than the sample's tokens from `logprob_start_len` (a sample
+            with images: not more than its response, since the teacher expands the images its own way), an entry
             that is no `[logprob, token_id, ...]`, scores other tokens than the response, has no number (None) for a
             response token (`logprob_start_len` not before the response) or a NaN/infinite one.
     """
@@ -168,7 +169,14 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
         )
     n = sample.response_length
     tail = list(entries)[len(entries) - n :] if n else []
-    if len(entries) < n or logprob_start_len + len(entries) != len(sample.tokens):
+    if sample.multimodal_inputs and sample.multimodal_inputs.get("images"):
+        # The teacher expands the images with its own image processor (another patch size or pixel budget gives
+        # another count), so only the response, the reply's tail, lines up; as the original reads it. Entry 0 is
+        # SGLang's None of the first prompt token.
+        fits = len(entries) > n
+    else:
+        fits = logprob_start_len + len(entries) == len(sample.tokens)
+    if len(entries) < n or not fits:
         raise ValueError(
             f"sample {sample.index}: the teacher returned {len(entries)} input log-probs from position "
             f"{logprob_start_len} for {len(sample.tokens)} tokens ({n} response tokens)"
