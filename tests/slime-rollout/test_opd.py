@@ -6,6 +6,7 @@ KV cache vs one unpadded forward).
 """
 
 import asyncio
+import logging
 
 import pytest
 import torch
@@ -334,3 +335,31 @@ def test_a_teacher_http_error_names_the_teacher_and_the_sample_once(args, monkey
         assert len(posts) == 2  # one request each: an HTTP error is not retried
     finally:
         server.shutdown()
+
+
+def test_a_reply_with_no_response_token_to_compare_leaves_the_vocabulary_check_to_the_next(monkeypatch, caplog):
+    # The first scored sample had an empty response (a prompt that filled the context) or only ids SGLang clips to 0:
+    # the check found nothing to compare, warned "returned no token texts" and never checked the teacher again, so a
+    # teacher of another vocabulary went through.
+    from types import SimpleNamespace
+
+    from slime_rollout.generation import opd
+
+    monkeypatch.setattr(opd, "_vocabulary_checked", set())
+    args = SimpleNamespace(rm_url="http://teacher:1/generate", hf_checkpoint="/not/read")
+    payload = {"return_text_in_logprobs": True}
+    empty = Sample(tokens=[1, 2, 3], response_length=0, index=2)
+    clipped = Sample(tokens=[1, 2, 151935], response_length=1, index=3)
+    for sample, entries in ((empty, [[None, 3, "c"]]), (clipped, [[None, 2, "b"], [-1.0, 0, "!"]])):
+        reply = {"meta_info": {"input_token_logprobs": entries}}
+        assert opd.check_teacher_vocabulary(reply, sample, rm_url=args.rm_url, hf_checkpoint="/not/read") is None
+        opd._check_vocabulary_once(args, payload, reply, sample)
+        assert opd._vocabulary_checked == set()
+    assert "returned no token texts" not in caplog.text
+    # A server that sends no texts at all is still warned about once and not asked again.
+    plain = Sample(tokens=[1, 2, 3], response_length=1, index=4)
+    no_texts = {"meta_info": {"input_token_logprobs": [[None, 2, None], [-1.0, 3, None]]}}
+    assert opd.check_teacher_vocabulary(no_texts, plain, rm_url=args.rm_url, hf_checkpoint="/not/read") is False
+    with caplog.at_level(logging.WARNING, logger="slime_rollout.generation.opd"):
+        opd._check_vocabulary_once(args, payload, no_texts, plain)
+    assert opd._vocabulary_checked == {args.rm_url} and caplog.text.count("returned no token texts") == 1

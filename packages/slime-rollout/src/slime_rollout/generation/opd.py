@@ -215,7 +215,7 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
     return values
 
 
-def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: str, hf_checkpoint: str) -> bool:
+def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: str, hf_checkpoint: str) -> bool | None:
     """Whether the teacher decodes the response's ids as the student's tokenizer does; raises where it does not.
 
     The teacher engine scores the student's token ids: one of another vocabulary (even of the same size) scores
@@ -231,7 +231,8 @@ def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: s
         hf_checkpoint: the student's tokenizer path.
 
     Returns:
-        True when compared; False when the reply has no token texts (a server that ignores the field).
+        True when compared; False when the reply has no token texts (a server that ignores the field); None when it
+        has texts but no response token to compare (an empty response, or only ids SGLang clipped to 0).
 
     Raises:
         ValueError: naming both, the sample and the first token decoded differently.
@@ -245,7 +246,8 @@ def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: s
         if isinstance(e, (list, tuple)) and len(e) >= 3 and isinstance(e[2], str) and e[1] not in (0, None)
     ]
     if not pairs:
-        return False
+        texts = any(isinstance(e, (list, tuple)) and len(e) >= 3 and isinstance(e[2], str) for e in entries)
+        return None if texts else False
     tokenizer = get_tokenizer(hf_checkpoint)
     decoded = [(i, text, tokenizer.decode([i])) for i, text in pairs]
     differ = [(i, text, ours) for i, text, ours in decoded if ours != text]
@@ -301,7 +303,10 @@ def _check_vocabulary_once(args: SlimeArgs, payload: dict[str, Any], reply: dict
     """`check_teacher_vocabulary` on the first reply that carries texts; warns once when the teacher sends none."""
     if not payload.get("return_text_in_logprobs") or args.rm_url in _vocabulary_checked:
         return
-    if not check_teacher_vocabulary(reply, sample, rm_url=args.rm_url, hf_checkpoint=args.hf_checkpoint):
+    compared = check_teacher_vocabulary(reply, sample, rm_url=args.rm_url, hf_checkpoint=args.hf_checkpoint)
+    if compared is None:
+        return  # nothing to compare in this reply (an empty response): the next one is asked for texts again
+    if not compared:
         logger.warning(
             "the OPD teacher at --rm-url %s returned no token texts (return_text_in_logprobs): whether it shares the "
             "student's tokenizer (--hf-checkpoint %s) is not checked",
