@@ -57,6 +57,16 @@ BROKEN_RULES = [
         "--opd-teacher-load /no/such/teacher does not exist",
     ),
     ({"opd_teacher_load": "/"}, "--opd-teacher-load is set but --use-opd is not"),
+    (
+        {
+            "use_opd": True,
+            "opd_type": "sglang",
+            "rm_url": "http://t/generate",
+            "custom_rm_path": "slime.rollout.on_policy_distillation.reward_func",
+        },
+        "--custom-rm-path slime.rollout.on_policy_distillation.reward_func returns the teacher's reply, not a reward: "
+        "add --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards",
+    ),
     ({"num_rollout": None}, "--num-rollout or --num-epoch is required"),
     ({"num_rollout": 0}, "--num-rollout 0 trains nothing; with --eval-interval"),
     ({"num_rollout": 0, "eval_interval": 1}, "--eval-interval requires --eval-prompt-data or --eval-config"),

@@ -87,6 +87,22 @@ def test_knobs_of_a_feature_that_is_off_are_not_silent(caplog, overrides, messag
     assert message in [r.getMessage() for r in caplog.records]
 
 
+def test_opd_with_a_zero_kl_coef_says_the_teacher_does_not_train(caplog):
+    # Was: accepted without a word; the teacher scored every sample while `a - 0 * (student - teacher)` left the
+    # advantages as they were (with the original's pure-distillation plugins, every advantage 0: nothing trains).
+    opd = {"use_opd": True, "opd_type": "sglang", "rm_url": "http://t:1/generate"}
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(**opd)
+        make(**opd, opd_kl_coef=0.5)
+        assert caplog.records == []
+        make(**opd, opd_kl_coef=0.0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "--use-opd with --opd-kl-coef 0: the teacher's log-probs do not enter the advantages (only the "
+        "opd_reverse_kl metric is logged), yet the teacher scores every sample; give a positive --opd-kl-coef "
+        "or drop --use-opd"
+    ]
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

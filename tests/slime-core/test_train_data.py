@@ -365,6 +365,21 @@ def test_teacher_log_probs_follow_their_samples():
         build_rollout_batches(_args(global_batch_size=4), bad, dp_size=1)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_a_non_finite_teacher_log_prob_from_a_plugin_names_its_sample(bad):
+    # A reward post-process (the original's own copy, reading a teacher that overflows in fp16) set NaN / -inf:
+    # accepted, it made every advantage of its sample non-finite (a - 0.5 * (student - teacher)) and the loss NaN.
+    samples = _rollout()
+    for s in samples:
+        s.teacher_log_probs = torch.full((s.response_length,), -0.5)
+    third = next(s for s in samples if s.index == 3)
+    last = third.response_length - 1
+    third.teacher_log_probs[last] = bad
+    opd = _args(global_batch_size=4, use_opd=True, opd_type="sglang")
+    with pytest.raises(ValueError, match=rf"sample 3: teacher_log_probs\[{last}\] is {bad}, not a finite log-prob"):
+        build_rollout_batches(opd, samples, dp_size=1)
+
+
 def test_a_sample_of_only_tool_tokens_gets_zero_rollout_log_probs():
     # append_response_tokens leaves rollout_log_probs None for a response of only non-trainable (tool) tokens,
     # where the original writes zeros (slime/utils/types.py); next to samples that carry them, the batch gets

@@ -290,6 +290,28 @@ def test_rows_become_samples_with_images_and_rendered_prompts(vlm, tmp_path, fmt
     assert samples[1].prompt == "<|im_start|>user\nNo image here.<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_a_text_only_row_holding_the_image_token_is_refused_naming_the_row(vlm, tmp_path):
+    # A row without images whose text held "<|image_pad|>" was loaded; the engine and the trainer got an image token
+    # without pixels, and packed next to a sample with images the trainer failed in transformers ("Image features and
+    # image tokens do not match, tokens: 142, features: 140"), naming no row (seen on the CPU with qwen3-vl-tiny).
+    _, path = vlm
+    (tmp_path / "img.png").write_bytes(png_bytes())
+    rows = [{"q": "<image>Count?", "a": "3", "images": ["img.png"]},
+            {"q": "what is <|vision_start|><|image_pad|><|vision_end|> here?", "a": "0"}]  # fmt: skip
+    data = _write_rows(tmp_path, rows, "jsonl")
+    with pytest.raises(ValueError) as err:
+        rows_to_samples(
+            load_prompt_rows(str(data)), source=str(data), input_key="q", label_key="a",
+            tokenizer=multimodal.get_processor(path).tokenizer, apply_chat_template=True,
+            multimodal_keys={"image": "images"}, processor_path=path,
+        )  # fmt: skip
+    assert str(err.value) == (
+        f"{data} line 2: the prompt holds the image token <|image_pad|> as text (1x) but the row has no image in the "
+        "--multimodal-keys column 'images': give the image there with an <image> placeholder in the prompt, or "
+        "remove the token"
+    )
+
+
 def test_max_prompt_len_counts_the_expanded_image_tokens(vlm, tmp_path):
     _, path = vlm
     rows = [{"q": "<image>?", "images": [png_bytes(size=(200, 200))]}, {"q": "<image>?", "images": [png_bytes()]}]

@@ -6,6 +6,7 @@ KV cache vs one unpadded forward).
 """
 
 import asyncio
+import logging
 
 import pytest
 import torch
@@ -106,6 +107,53 @@ def test_a_reply_that_does_not_fit_its_sample_fails_clearly():
         teacher_log_probs_from_reply(other, sample, logprob_start_len=1)
     with pytest.raises(ValueError, match="has no meta_info.input_token_logprobs"):
         teacher_log_probs_from_reply({"meta_info": {}}, sample, logprob_start_len=2)
+
+
+@pytest.mark.parametrize(
+    ("reply", "shown"), [("<html>It works!</html>", "str '<html>It works!</html>'"), ([1, 2], "list '[1, 2]'")]
+)
+def test_a_reply_that_is_no_json_object_names_the_sample_and_the_flag(reply, shown):
+    # A --rm-url naming a web server (its HTML page, which the HTTP client gives as text) or a service answering a
+    # JSON list failed with AttributeError: 'str' object has no attribute 'get', naming neither sample nor flag.
+    sample = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
+    with pytest.raises(ValueError) as err:
+        teacher_log_probs_from_reply(reply, sample, logprob_start_len=1)
+    assert str(err.value) == (
+        f"sample 7: the teacher's reply is {shown}, not SGLang's /generate JSON object: is --rm-url the teacher "
+        "engine's http://host:port/generate?"
+    )
+
+
+def test_a_json_reply_without_log_probs_shows_what_it_holds():
+    # {"detail": "Not Found"} (a FastAPI service on the --rm-url port) was "has no meta_info.input_token_logprobs".
+    sample = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
+    with pytest.raises(ValueError) as err:
+        teacher_log_probs_from_reply({"detail": "Not Found"}, sample, logprob_start_len=1)
+    assert str(err.value) == (
+        "sample 7: the teacher's reply has no meta_info.input_token_logprobs (its keys: ['detail']; meta_info: []): "
+        "is --rm-url the teacher engine's /generate, and does it return log-probs (return_logprob)?"
+    )
+
+
+def test_a_teacher_that_expands_the_images_otherwise_is_read_from_the_tail():
+    # A VL teacher with another image processor (Qwen2.5-VL's 14-pixel patches for a Qwen3-VL student's 16, or another
+    # max_pixels) expands the image into more or fewer tokens: its reply was refused ("returned 15 input log-probs
+    # from position 0 for 12 tokens"), where the original reads the response from the reply's tail.
+    sample = Sample(tokens=[1, 151652, *[151655] * 6, 151653, 2, 30, 31], response_length=2, index=4)
+    sample.multimodal_inputs = {"images": ["data:image/png;base64,AAAA"]}
+    for prompt_len in (13, 6):  # the teacher's own expansion of the 10 prompt tokens
+        entries = [[None, 1, None]] + [[-0.1, 7, None]] * (prompt_len - 1) + [[-0.5, 30, None], [-0.25, 31, None]]
+        reply = {"meta_info": {"input_token_logprobs": entries}}
+        assert teacher_log_probs_from_reply(reply, sample, logprob_start_len=0) == [-0.5, -0.25]
+    with pytest.raises(ValueError, match="sample 4: the teacher returned 2 input log-probs from position 0 for 12"):
+        teacher_log_probs_from_reply({"meta_info": {"input_token_logprobs": entries[-2:]}}, sample, logprob_start_len=0)
+    # Text-only samples keep the exact count: a shifted reply is no other image processor.
+    text = Sample(tokens=[1, 2, 3, 4], response_length=2, index=7)
+    longer = {
+        "meta_info": {"input_token_logprobs": [[None, 1, None], [-0.1, 2, None], [-0.5, 3, None], [-0.2, 4, None]]}
+    }
+    with pytest.raises(ValueError, match="sample 7: the teacher returned 4 input log-probs from position 1 for 4"):
+        teacher_log_probs_from_reply(longer, text, logprob_start_len=1)
 
 
 def test_ids_sglang_clips_to_zero_are_not_a_mismatch():
@@ -244,3 +292,74 @@ def test_the_vocabulary_check_reads_token_texts(tiny_qwen3_dir):
         check_teacher_vocabulary(two, sample, rm_url="u", hf_checkpoint=str(tiny_qwen3_dir))
     no_text = {"meta_info": {"input_token_logprobs": [[-1.0, t, None] for t in (3, 4, 5)]}}
     assert check_teacher_vocabulary(no_text, sample, rm_url="u", hf_checkpoint=str(tiny_qwen3_dir)) is False
+
+
+def test_a_teacher_http_error_names_the_teacher_and_the_sample_once(args, monkeypatch):
+    """A teacher answering HTTP 500 ended the run with "engine URL/generate failed (HTTP 500): ..." and the driver's
+    advice "--use-fault-tolerance restarts an engine that dies", which never restarts a teacher slime did not start;
+    neither the OPD teacher nor the sample was named. It fails at the first reply (no retry of an answer, as the
+    original's raise_for_status), naming both and saying --use-fault-tolerance does not restart it (the driver's
+    `slime_app.failures.engine_failure` then adds no advice of its own)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from slime_rollout.engines.transport import EngineError
+    from slime_rollout.generation import opd
+
+    posts = []
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_POST(self):
+            posts.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"CUDA out of memory")
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/generate"
+        monkeypatch.setattr(args, "rm_url", url)
+        for call in (opd.score_teacher(args, _samples()[:1]), opd.reward_func(args, _samples()[0])):
+            with pytest.raises(EngineError) as err:
+                asyncio.run(call)
+            assert err.value.status_code == 500 and not err.value.unreachable
+            assert str(err.value) == (
+                f"engine http://127.0.0.1:{server.server_address[1]}/generate failed (HTTP 500): the OPD teacher "
+                "(--rm-url) did not score sample 0: CUDA out of memory (slime does not start this engine, so "
+                "--use-fault-tolerance does not restart it)"
+            )
+        assert len(posts) == 2  # one request each: an HTTP error is not retried
+    finally:
+        server.shutdown()
+
+
+def test_a_reply_with_no_response_token_to_compare_leaves_the_vocabulary_check_to_the_next(monkeypatch, caplog):
+    # The first scored sample had an empty response (a prompt that filled the context) or only ids SGLang clips to 0:
+    # the check found nothing to compare, warned "returned no token texts" and never checked the teacher again, so a
+    # teacher of another vocabulary went through.
+    from types import SimpleNamespace
+
+    from slime_rollout.generation import opd
+
+    monkeypatch.setattr(opd, "_vocabulary_checked", set())
+    args = SimpleNamespace(rm_url="http://teacher:1/generate", hf_checkpoint="/not/read")
+    payload = {"return_text_in_logprobs": True}
+    empty = Sample(tokens=[1, 2, 3], response_length=0, index=2)
+    clipped = Sample(tokens=[1, 2, 151935], response_length=1, index=3)
+    for sample, entries in ((empty, [[None, 3, "c"]]), (clipped, [[None, 2, "b"], [-1.0, 0, "!"]])):
+        reply = {"meta_info": {"input_token_logprobs": entries}}
+        assert opd.check_teacher_vocabulary(reply, sample, rm_url=args.rm_url, hf_checkpoint="/not/read") is None
+        opd._check_vocabulary_once(args, payload, reply, sample)
+        assert opd._vocabulary_checked == set()
+    assert "returned no token texts" not in caplog.text
+    # A server that sends no texts at all is still warned about once and not asked again.
+    plain = Sample(tokens=[1, 2, 3], response_length=1, index=4)
+    no_texts = {"meta_info": {"input_token_logprobs": [[None, 2, None], [-1.0, 3, None]]}}
+    assert opd.check_teacher_vocabulary(no_texts, plain, rm_url=args.rm_url, hf_checkpoint="/not/read") is False
+    with caplog.at_level(logging.WARNING, logger="slime_rollout.generation.opd"):
+        opd._check_vocabulary_once(args, payload, no_texts, plain)
+    assert opd._vocabulary_checked == {args.rm_url} and caplog.text.count("returned no token texts") == 1

@@ -80,7 +80,8 @@ def _teacher_log_probs(cfg: SlimeArgs, samples: Sequence[Sample]) -> list[torch.
     """Each sample's OPD teacher log-probs `[L_i]` float32, or None when no sample carries them.
 
     Raises:
-        ValueError: some samples carry them and some do not, or `--opd-type sglang` left a sample without them.
+        ValueError: some samples carry them and some do not, `--opd-type sglang` left a sample without them, or one
+            holds a NaN/infinity (naming the sample and response position).
     """
     have = [s.teacher_log_probs is not None for s in samples]
     if not any(have) and not (cfg.use_opd and cfg.opd_type == "sglang"):
@@ -91,7 +92,21 @@ def _teacher_log_probs(cfg: SlimeArgs, samples: Sequence[Sample]) -> list[torch.
             f"samples {missing[:5]} have no teacher_log_probs ({sum(have)} of {len(samples)} do): with --use-opd "
             "--opd-type sglang every sample needs them (from --rm-url, or set by --custom-reward-post-process-path)"
         )
-    return [torch.as_tensor(s.teacher_log_probs, dtype=torch.float32).reshape(-1).clone() for s in samples]
+    out = [torch.as_tensor(s.teacher_log_probs, dtype=torch.float32).reshape(-1).clone() for s in samples]
+    # The built-in scoring refuses a non-finite teacher log-prob (`slime_rollout.generation.opd`); one set by a reward
+    # post-process or rollout plugin reached the advantages as `a - coef * (student - teacher)`: NaN or infinite
+    # advantages, and (whitened, or times a 0 loss mask) a NaN loss and gradients, naming nothing.
+    for sample, values in zip(samples, out, strict=True):
+        bad = ~torch.isfinite(values)
+        if bool(bad.any()):
+            position = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"sample {sample.index}: teacher_log_probs[{position}] is {float(values[position])}, not a finite "
+                f"log-prob ({int(bad.sum())} of {values.numel()} are not); the function that sets teacher_log_probs "
+                "(--custom-reward-post-process-path, or a custom rollout or generate function) must give a finite "
+                "natural-log probability for every response token"
+            )
+    return out
 
 
 def sorted_by_index(samples: Sequence[Sample]) -> list[Sample]:

@@ -51,6 +51,7 @@ def validate_opd(args: SlimeArgs) -> None:
     """
     if args.opd_type is not None:
         _check_opd_type(args.opd_type)
+    _check_teacher_reply_reward(args)
     if not args.use_opd:
         if args.opd_teacher_load is not None:
             raise ConfigError("--opd-teacher-load is set but --use-opd is not; add --use-opd or remove it")
@@ -61,6 +62,14 @@ def validate_opd(args: SlimeArgs) -> None:
         return
     if args.opd_type is None:
         raise ConfigError("--use-opd requires --opd-type sglang (teacher engine) or megatron/fsdp (trainer-side)")
+    if args.opd_kl_coef == 0:
+        # The teacher is still asked (or held and run) every rollout, for the logged opd_reverse_kl only.
+        warn_once(
+            "opd_kl_coef_zero",
+            "--use-opd with --opd-kl-coef 0: the teacher's log-probs do not enter the advantages (only the "
+            "opd_reverse_kl metric is logged), yet the teacher scores every sample; give a positive --opd-kl-coef "
+            "or drop --use-opd",
+        )
     if args.opd_type == ENGINE_TEACHER:
         if args.opd_teacher_load is not None:
             raise ConfigError(
@@ -83,6 +92,31 @@ def validate_opd(args: SlimeArgs) -> None:
         raise ConfigError(f"--opd-type {args.opd_type} requires --opd-teacher-load (the teacher checkpoint)")
     if not os.path.exists(args.opd_teacher_load):
         raise ConfigError(f"--opd-teacher-load {args.opd_teacher_load} does not exist")
+
+
+#: The original's teacher-scoring reward function and where it maps to here (`slime_rollout.plugins`).
+_TEACHER_REPLY_REWARDS = frozenset(
+    {"slime.rollout.on_policy_distillation.reward_func", "slime_rollout.generation.opd.reward_func"}
+)
+
+
+def _check_teacher_reply_reward(args: SlimeArgs) -> None:
+    """The original's OPD `reward_func` (a teacher reply as the reward) needs a post-process that turns it into one.
+
+    Without one the default rollout trained on a dict reward: the run failed at its first batch with "reward is a
+    dict with keys ['meta_info', 'text']; set --reward-key", a key that holds no number. A custom
+    `--rollout-function-path` may turn the replies into rewards itself, so it is left alone.
+    """
+    if args.custom_rm_path not in _TEACHER_REPLY_REWARDS or args.custom_reward_post_process_path is not None:
+        return
+    if non_default(args, ("rollout_function_path",)):
+        return
+    raise ConfigError(
+        f"--custom-rm-path {args.custom_rm_path} returns the teacher's reply, not a reward: add "
+        "--custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards (pure "
+        "distillation, rewards 0), or drop --custom-rm-path: --use-opd --opd-type sglang scores the teacher itself "
+        "and keeps the task reward of --rm-type"
+    )
 
 
 def _holds_teacher(name: str) -> bool:

@@ -127,6 +127,8 @@ def rows_to_samples(
         if apply_chat_template:
             prompt = render_chat(renderer, prompt, tools=tools, template_kwargs=apply_chat_template_kwargs, where=where)
             measured, measured_tools = prompt, None
+            if image_key and not images:
+                _refuse_image_token_without_image(processor_path, prompt, where=where, image_key=image_key)
         elif isinstance(prompt, list) and tokenizer is not None and not image_key:
             # Messages without the flag: the default generate renders them with the template (`encode_prompt`), so
             # a role it drops is checked here too; the rendering is what the length filter measures.
@@ -166,6 +168,27 @@ def rows_to_samples(
             shown,
         )
     return samples
+
+
+def _refuse_image_token_without_image(processor_path: str, prompt: str, *, where: str, image_key: str) -> None:
+    """A row without images whose rendered prompt holds the model's image token (`<|image_pad|>`) as text.
+
+    The tokenizer reads that text as the image token, so the engine and the trainer would get an image placeholder
+    with no pixels: packed next to a sample with images, the trainer's forward failed ("Image features and image
+    tokens do not match") naming no row. A row with images is checked against its images already
+    (`multimodal.prepare_vision_prompt`).
+
+    Raises:
+        ValueError: naming the row, the token and the column.
+    """
+    image_token_id, _ = multimodal.vision_token_ids(processor_path)
+    token = multimodal.get_processor(processor_path).tokenizer.convert_ids_to_tokens(image_token_id)
+    if token in prompt:
+        raise ValueError(
+            f"{where}: the prompt holds the image token {token} as text ({prompt.count(token)}x) but the row has no "
+            f"image in the --multimodal-keys column {image_key!r}: give the image there with an <image> placeholder "
+            "in the prompt, or remove the token"
+        )
 
 
 _ROWS_SHOWN = 20  # dropped rows named in the warning (the count covers them all)

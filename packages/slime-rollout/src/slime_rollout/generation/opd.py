@@ -17,6 +17,12 @@ Two ways in, as in `slime_core.config.opd`:
 SGLang's reply has one `input_token_logprobs` entry per position from `logprob_start_len` on, and the entry of
 that first position is always `None` (SGLang drops the log-prob computed for it, whatever the start), so the
 request starts one position before the response: every response token then has a number.
+
+A sample with images is scored with them, as the original's `reward_func` sends them: the request carries the
+images as `image_data` and the ids with each image's run collapsed to one `<|image_pad|>`, as the rollout's own
+request (`slime_rollout.generation.generate`). Its log-probs are asked from position 0, as the original asks: the
+request's ids are shorter than the expanded ones the teacher scores, and 0 is the one start that names the same
+position in both (whichever SGLang counts in; tests/fixtures/sglang-wire records no image request with a start).
 * the original's plugins, for unchanged launch scripts: `--custom-rm-path
   slime.rollout.on_policy_distillation.reward_func` (the teacher reply as the "reward") and
   `--custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards` (teacher
@@ -35,8 +41,9 @@ from typing import TYPE_CHECKING, Any
 from slime_core.config.opd import builtin_teacher_scoring
 from slime_core.error_text import preview
 from slime_core.sample import Sample, Status
+from slime_rollout.data.multimodal import prepare_vision_prompt, sample_images, vision_token_ids
 from slime_rollout.data.tokenizer import get_tokenizer
-from slime_rollout.engines.transport import HttpEndpoint
+from slime_rollout.engines.transport import EngineError, HttpEndpoint
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -71,17 +78,52 @@ def _endpoint(url: str) -> tuple[HttpEndpoint, str]:
 def teacher_payload(args: SlimeArgs, sample: Sample, *, logprob_start_len: int) -> dict[str, Any]:
     """The `/generate` request that scores `sample.tokens` (no new tokens, input log-probs from a position).
 
+    A sample with images (`Sample.multimodal_inputs`) is sent as the rollout sends it: its ids with each image's run
+    collapsed to one image token, its images as `image_data`, and `logprob_start_len` 0 whatever was asked (the
+    teacher expands the images again: only position 0 is the same position in both id lists); read the start back
+    from the payload.
+
     Args:
-        args: reads `rollout_temperature`.
+        args: reads `rollout_temperature`, `hf_checkpoint` (the processor of a sample with images).
         sample: the student's sample (prompt + response ids).
         logprob_start_len: first position whose log-prob is returned (0: all; prompt length: the response).
+
+    Raises:
+        ValueError: a sample with images whose tokens do not start with the processor's prompt, or whose response
+            holds the image token (the teacher would take it for one more image and fail the request).
     """
-    return {
-        "input_ids": list(sample.tokens),
+    input_ids = list(sample.tokens)
+    images = sample_images(sample)
+    payload: dict[str, Any] = {}
+    if images:
+        input_ids, payload["image_data"] = _vision_request(args, sample, images)
+        logprob_start_len = 0
+    payload |= {
+        "input_ids": input_ids,
         "sampling_params": {"temperature": args.rollout_temperature, "max_new_tokens": 0, "skip_special_tokens": False},
         "return_logprob": True,
         "logprob_start_len": logprob_start_len,
     }
+    return payload
+
+
+def _vision_request(args: SlimeArgs, sample: Sample, images: list[str]) -> tuple[list[int], list[str]]:
+    """The `/generate` ids (image runs collapsed) and `image_data` of a sample with images."""
+    vision = prepare_vision_prompt(args.hf_checkpoint, sample.prompt, images)
+    prompt = tuple(sample.tokens[: len(vision.input_ids)])
+    if prompt != vision.input_ids:
+        raise ValueError(
+            f"sample {sample.index}: its tokens do not start with the processor's {len(vision.input_ids)} prompt ids "
+            "(images expanded), so the teacher cannot be sent its images"
+        )
+    rest = list(sample.tokens[len(vision.input_ids) :])
+    image_token_id, _ = vision_token_ids(args.hf_checkpoint)
+    if image_token_id in rest:
+        raise ValueError(
+            f"sample {sample.index}: its response holds the image placeholder token {image_token_id}; the OPD teacher "
+            "would take it for one more image and refuse the request"
+        )
+    return [*vision.engine_input_ids, *rest], list(vision.engine_images)
 
 
 def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logprob_start_len: int) -> list[float]:
@@ -97,10 +139,18 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
         `[response_length]` floats.
 
     Raises:
-        ValueError: the teacher aborted the request, the reply has no input log-probs, too few of them, an entry
+        ValueError: the reply is no JSON object (a wrong `--rm-url`), the teacher aborted the request, the reply has
+            no input log-probs, another count of them than the sample's tokens from `logprob_start_len` (a sample
+            with images: not more than its response, since the teacher expands the images its own way), an entry
             that is no `[logprob, token_id, ...]`, scores other tokens than the response, has no number (None) for a
             response token (`logprob_start_len` not before the response) or a NaN/infinite one.
     """
+    if not isinstance(reply, dict):
+        # `HttpEndpoint` gives a non-JSON body as text: a --rm-url that names a web page or another service.
+        raise ValueError(
+            f"sample {sample.index}: the teacher's reply is {type(reply).__name__} {preview(str(reply), 60)}, not "
+            "SGLang's /generate JSON object: is --rm-url the teacher engine's http://host:port/generate?"
+        )
     meta = reply.get("meta_info") or {}
     finish = meta.get("finish_reason")
     if isinstance(finish, dict) and finish.get("type") == "abort":
@@ -112,10 +162,21 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
         )
     entries = meta.get("input_token_logprobs")
     if entries is None:
-        raise ValueError(f"sample {sample.index}: the teacher's reply has no meta_info.input_token_logprobs")
+        raise ValueError(
+            f"sample {sample.index}: the teacher's reply has no meta_info.input_token_logprobs (its keys: "
+            f"{sorted(reply)}; meta_info: {sorted(meta)}): is --rm-url the teacher engine's /generate, and does it "
+            "return log-probs (return_logprob)?"
+        )
     n = sample.response_length
     tail = list(entries)[len(entries) - n :] if n else []
-    if len(entries) < n or logprob_start_len + len(entries) != len(sample.tokens):
+    if sample.multimodal_inputs and sample.multimodal_inputs.get("images"):
+        # The teacher expands the images with its own image processor (another patch size or pixel budget gives
+        # another count), so only the response, the reply's tail, lines up; as the original reads it. Entry 0 is
+        # SGLang's None of the first prompt token.
+        fits = len(entries) > n
+    else:
+        fits = logprob_start_len + len(entries) == len(sample.tokens)
+    if len(entries) < n or not fits:
         raise ValueError(
             f"sample {sample.index}: the teacher returned {len(entries)} input log-probs from position "
             f"{logprob_start_len} for {len(sample.tokens)} tokens ({n} response tokens)"
@@ -154,7 +215,7 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
     return values
 
 
-def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: str, hf_checkpoint: str) -> bool:
+def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: str, hf_checkpoint: str) -> bool | None:
     """Whether the teacher decodes the response's ids as the student's tokenizer does; raises where it does not.
 
     The teacher engine scores the student's token ids: one of another vocabulary (even of the same size) scores
@@ -170,7 +231,8 @@ def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: s
         hf_checkpoint: the student's tokenizer path.
 
     Returns:
-        True when compared; False when the reply has no token texts (a server that ignores the field).
+        True when compared; False when the reply has no token texts (a server that ignores the field); None when it
+        has texts but no response token to compare (an empty response, or only ids SGLang clipped to 0).
 
     Raises:
         ValueError: naming both, the sample and the first token decoded differently.
@@ -184,7 +246,8 @@ def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: s
         if isinstance(e, (list, tuple)) and len(e) >= 3 and isinstance(e[2], str) and e[1] not in (0, None)
     ]
     if not pairs:
-        return False
+        texts = any(isinstance(e, (list, tuple)) and len(e) >= 3 and isinstance(e[2], str) for e in entries)
+        return None if texts else False
     tokenizer = get_tokenizer(hf_checkpoint)
     decoded = [(i, text, tokenizer.decode([i])) for i, text in pairs]
     differ = [(i, text, ours) for i, text, ours in decoded if ours != text]
@@ -199,13 +262,32 @@ def check_teacher_vocabulary(reply: dict[str, Any], sample: Sample, *, rm_url: s
     return True
 
 
-async def _score_one(args: SlimeArgs, sample: Sample, semaphore: asyncio.Semaphore) -> None:
+async def _ask_teacher(args: SlimeArgs, sample: Sample, payload: dict[str, Any]) -> dict[str, Any]:
+    """POSTs one scoring request to `--rm-url`; a failure names the teacher and the sample.
+
+    Raises:
+        EngineError: the teacher's HTTP error or unreachability (after `HttpEndpoint`'s bounded retries), saying it
+            is the OPD teacher: the run's own engines and the `--use-fault-tolerance` advice are not about it.
+    """
     endpoint, route = _endpoint(args.rm_url)
+    try:
+        return await endpoint.request("POST", route, payload)
+    except EngineError as exc:
+        raise EngineError(
+            exc.url, exc.endpoint,
+            f"the OPD teacher (--rm-url) did not score sample {sample.index}: {exc.message} (slime does not start "
+            "this engine, so --use-fault-tolerance does not restart it)",
+            exc.status_code, unreachable=exc.unreachable,
+        ) from exc  # fmt: skip
+
+
+async def _score_one(args: SlimeArgs, sample: Sample, semaphore: asyncio.Semaphore) -> None:
     # One position before the response: SGLang's entry at logprob_start_len itself is always None.
-    start = max(sample.prompt_length - 1, 0)
-    payload = _with_texts_until_checked(args, teacher_payload(args, sample, logprob_start_len=start))
+    payload = teacher_payload(args, sample, logprob_start_len=max(sample.prompt_length - 1, 0))
+    payload = _with_texts_until_checked(args, payload)
     async with semaphore:
-        reply = await endpoint.request("POST", route, payload)
+        reply = await _ask_teacher(args, sample, payload)
+    start = payload["logprob_start_len"]  # 0 for a sample with images
     sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=start)
     _check_vocabulary_once(args, payload, reply, sample)
 
@@ -221,7 +303,10 @@ def _check_vocabulary_once(args: SlimeArgs, payload: dict[str, Any], reply: dict
     """`check_teacher_vocabulary` on the first reply that carries texts; warns once when the teacher sends none."""
     if not payload.get("return_text_in_logprobs") or args.rm_url in _vocabulary_checked:
         return
-    if not check_teacher_vocabulary(reply, sample, rm_url=args.rm_url, hf_checkpoint=args.hf_checkpoint):
+    compared = check_teacher_vocabulary(reply, sample, rm_url=args.rm_url, hf_checkpoint=args.hf_checkpoint)
+    if compared is None:
+        return  # nothing to compare in this reply (an empty response): the next one is asked for texts again
+    if not compared:
         logger.warning(
             "the OPD teacher at --rm-url %s returned no token texts (return_text_in_logprobs): whether it shares the "
             "student's tokenizer (--hf-checkpoint %s) is not checked",
@@ -245,7 +330,7 @@ async def score_teacher(args: SlimeArgs, samples: Sequence[Sample]) -> int:
         The number of samples scored.
 
     Raises:
-        slime_rollout.engines.transport.EngineError: the teacher failed or is unreachable.
+        slime_rollout.engines.transport.EngineError: the teacher failed or is unreachable (naming it and the sample).
         ValueError: a reply that does not fit its sample.
     """
     if not builtin_teacher_scoring(args):
@@ -261,17 +346,17 @@ async def reward_func(
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """The original's `slime.rollout.on_policy_distillation.reward_func`: the teacher's reply as the "reward".
 
-    POSTs the sample's full token ids to `--rm-url` with `logprob_start_len: 0`. The sample's `teacher_log_probs`
-    are set from the reply here already, and its logged raw reward is 0 (`metadata["raw_reward"]`: the reply is no
-    score); `post_process_rewards` (or the user's own) reads the reply as the original's does. A list of samples
-    (`--group-rm`, or a fan-out generate function's samples, which a custom reward gets in one call) gets one reply
-    per sample, scored concurrently (the original's function takes one sample only).
+    POSTs the sample's full token ids (and its images, as `teacher_payload` sends them) to `--rm-url` with
+    `logprob_start_len: 0`. The sample's `teacher_log_probs` are set from the reply here already, and its logged raw
+    reward is 0 (`metadata["raw_reward"]`: the reply is no score); `post_process_rewards` (or the user's own) reads
+    the reply as the original's does. A list of samples (`--group-rm`, or a fan-out generate function's samples,
+    which a custom reward gets in one call) gets one reply per sample, scored concurrently (the original's function
+    takes one sample only).
     """
     if isinstance(sample, list):
         return list(await asyncio.gather(*(reward_func(args, s, **kwargs) for s in sample)))
-    endpoint, route = _endpoint(args.rm_url)
     payload = _with_texts_until_checked(args, teacher_payload(args, sample, logprob_start_len=0))
-    reply = await endpoint.request("POST", route, payload)
+    reply = await _ask_teacher(args, sample, payload)
     sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=0)
     _check_vocabulary_once(args, payload, reply, sample)
     sample.metadata["raw_reward"] = 0.0
