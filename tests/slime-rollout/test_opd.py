@@ -337,6 +337,42 @@ def test_a_teacher_http_error_names_the_teacher_and_the_sample_once(args, monkey
         server.shutdown()
 
 
+def test_a_stalled_teacher_fails_after_rm_timeout_secs_naming_the_teacher(args, monkeypatch):
+    """The teacher's read timeout was a hard-coded 600 s: --rm-timeout-secs, which bounds every remote reward, did
+    not bound it. A teacher that answers after 3 s with --rm-timeout-secs 0.3 now fails the scoring request at once
+    (a read timeout is not retried), naming the OPD teacher and the sample."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from slime_rollout.engines.transport import EngineError
+    from slime_rollout.generation import opd
+
+    class Stalled(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(3.0)
+            self.send_response(500)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stalled)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(args, "rm_url", f"http://127.0.0.1:{server.server_address[1]}/generate")
+        monkeypatch.setattr(args, "rm_timeout_secs", 0.3)
+        start = time.monotonic()
+        with pytest.raises(EngineError) as err:
+            asyncio.run(opd.score_teacher(args, _samples()[:1]))
+        assert time.monotonic() - start < 2.5  # the 3-s answer was not waited for
+        assert err.value.unreachable and "the OPD teacher (--rm-url) did not score sample 0" in str(err.value)
+    finally:
+        server.shutdown()
+
+
 def test_a_reply_with_no_response_token_to_compare_leaves_the_vocabulary_check_to_the_next(monkeypatch, caplog):
     # The first scored sample had an empty response (a prompt that filled the context) or only ids SGLang clips to 0:
     # the check found nothing to compare, warned "returned no token texts" and never checked the teacher again, so a

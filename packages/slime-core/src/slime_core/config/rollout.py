@@ -255,7 +255,8 @@ class RewardArgs(ArgsGroup):
     rm_timeout_secs: float = arg(
         600.0,
         "Deadline in seconds of one call of a custom or remote reward function (of one group with --group-rm), "
-        "reading its value included; past it the rollout fails naming the function and the sample.",
+        "reading its value included; past it the rollout fails naming the function and the sample. Also the read "
+        "timeout of one OPD teacher scoring request (--use-opd --opd-type sglang, --rm-url).",
         gt=0,
     )
     plugin_timeout_secs: float = arg(

@@ -59,7 +59,6 @@ __all__ = [
     "teacher_payload",
 ]
 
-_TIMEOUT_S = 600.0  # read timeout of one scoring request (a long sample on a busy teacher)
 _CONCURRENCY = 256  # scoring requests in flight per rollout
 _endpoints: dict[str, tuple[HttpEndpoint, str]] = {}
 # Teachers (`--rm-url`) whose token texts were compared with the student's tokenizer (`check_teacher_vocabulary`).
@@ -71,7 +70,7 @@ def _endpoint(url: str) -> tuple[HttpEndpoint, str]:
     if url not in _endpoints:
         parts = urllib.parse.urlsplit(url)  # an http(s) URL with a host: checked when the config is read
         base = f"{parts.scheme}://{parts.netloc}"
-        _endpoints[url] = (HttpEndpoint(base, timeout=_TIMEOUT_S), parts.path or "/generate")
+        _endpoints[url] = (HttpEndpoint(base), parts.path or "/generate")
     return _endpoints[url]
 
 
@@ -271,7 +270,8 @@ async def _ask_teacher(args: SlimeArgs, sample: Sample, payload: dict[str, Any])
     """
     endpoint, route = _endpoint(args.rm_url)
     try:
-        return await endpoint.request("POST", route, payload)
+        # --rm-timeout-secs bounds the read, as it bounds any remote reward: a stalled teacher fails the rollout.
+        return await endpoint.request("POST", route, payload, timeout=args.rm_timeout_secs)
     except EngineError as exc:
         raise EngineError(
             exc.url, exc.endpoint,
