@@ -88,6 +88,20 @@ def test_summary_and_json(tmp_path):
     assert data["goodput/cum/tokens_generated"] == 100.0 and data["time"]["train"] == 2.5
 
 
+def test_summary_names_the_earlier_policies_masked_tokens_only_when_there_are_some():
+    meter = _meter(colocate=True)
+    meter.update(_rollout())
+    assert "earlier policies" not in meter.summary()
+    # --mask-offpolicy-in-partial-rollout: 40 of 140 generated tokens were the earlier rollouts' part, masked.
+    meter.update(_rollout(**{"goodput/tokens_generated": 140.0, "goodput/tokens_offpolicy_masked": 40.0,
+                             "goodput/tokens_requeued": 12.0}))  # fmt: skip
+    text = meter.summary()
+    line = next(x for x in text.splitlines() if "earlier policies' part, masked" in x)
+    assert line.split()[-2:] == ["40", "16.7%"]  # of 240 generated over the two rollouts
+    assert meter.cumulative()["goodput/cum/tokens_offpolicy_masked"] == 40.0
+    assert len(text.splitlines()) <= 24
+
+
 def test_totals_kept_with_a_checkpoint_continue_and_a_missing_or_damaged_file_starts_at_zero(tmp_path, caplog):
     meter = _meter(colocate=True)
     meter.update(_rollout())

@@ -56,6 +56,7 @@ TOKEN_KEYS = (
     "aborted",
     "surplus",
     "unscheduled",
+    "offpolicy_masked",
     "truncated",
     "requeued",
 )
@@ -177,6 +178,8 @@ class GoodputMeter:
         }
         if not self.reads_advantages:  # no loss term reads an advantage: a zero one leaves nothing untrained
             del labels["zero_advantage"]
+        if self.tokens["offpolicy_masked"]:  # only with --partial-rollout --mask-offpolicy-in-partial-rollout
+            labels["offpolicy_masked"] = "earlier policies' part, masked"
         for key, label in labels.items():
             lines.append(f"    {label:<34} {self.tokens[key]:>12,.0f}  {_share(self.tokens[key], generated):6.1%}")
         lines.append(

@@ -29,6 +29,7 @@ from slime_rollout.data.source import encode_prompt, get_tokenizer
 from slime_rollout.generation.engine_reply import parse_generate_reply
 from slime_rollout.generation.routed_experts import ROUTED_EXPERTS_REQUEST, attach_routed_experts, wants_routed_experts
 from slime_rollout.generation.top_p_replay import TOP_P_REQUEST, parse_top_p_sets, wants_top_p_sets
+from slime_rollout.runtime.goodput import OFFPOLICY_MASKED_KEY
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -211,7 +212,10 @@ def mask_offpolicy_prefix(sample: Sample) -> None:
     It stays as context, untrained: loss mask 0 and rollout log-probs 0.0 over `sample.response_length` tokens.
     Idempotent; `group_rollout.generate_and_rm` applies it once, before any generate function, as the original does
     (not `generate`, which a custom generate function may call again to continue its own response).
+    `metadata["offpolicy_masked_tokens"]` records how many tokens it masked: those tokens were generated (in earlier
+    rollouts) but no longer count as trainable, so the goodput accounting (`runtime.goodput`) reads the count there.
     """
+    sample.metadata[OFFPOLICY_MASKED_KEY] = sample.response_length
     sample.loss_mask = [0] * sample.response_length
     if sample.rollout_log_probs is not None:
         sample.rollout_log_probs = [0.0] * sample.response_length

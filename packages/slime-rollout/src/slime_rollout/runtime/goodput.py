@@ -9,7 +9,11 @@ lands in exactly one bucket:
 * aborted: in a group aborted by the engine or by the end of the rollout and not kept for later;
 * surplus: in a group that finished after the batch was full;
 * requeued: in a partial group returned to the buffer (`--partial-rollout`); these tokens are not counted as
-  generated here but when their group finishes, so a token is counted once.
+  generated here but when their group finishes, so a token is counted once;
+* offpolicy_masked: the earlier rollouts' part of a continued partial response that
+  `--mask-offpolicy-in-partial-rollout` made untrainable (`metadata["offpolicy_masked_tokens"]`), whatever its
+  group's fate. They left the trainable count when masked, so they were counted in no bucket: a run whose groups
+  were all continued reported a fraction of what the engines generated.
 
 `rollout_token_fates` turns the rollout's groups into `goodput/tokens_*` metrics; `batch_token_fates` adds what
 happened when the samples became training batches (trailing samples that fill no optimizer step, removed
@@ -23,7 +27,16 @@ from typing import Any
 
 from slime_core.sample import Sample, Status
 
-__all__ = ["batch_token_fates", "model_tokens", "rollout_token_fates"]
+__all__ = [
+    "OFFPOLICY_MASKED_KEY",
+    "batch_token_fates",
+    "model_tokens",
+    "offpolicy_masked_tokens",
+    "rollout_token_fates",
+]
+
+#: Sample metadata key: response tokens `--mask-offpolicy-in-partial-rollout` masked (earlier policies' tokens).
+OFFPOLICY_MASKED_KEY = "offpolicy_masked_tokens"
 
 
 def _samples(groups: Iterable[Any]) -> list[Sample]:
@@ -41,6 +54,11 @@ def model_tokens(groups: Iterable[Any]) -> int:
     return sum(s.effective_response_length for s in _samples(groups))
 
 
+def offpolicy_masked_tokens(groups: Iterable[Any]) -> int:
+    """Response tokens of earlier policies that `--mask-offpolicy-in-partial-rollout` masked, over `groups`."""
+    return sum(int(s.metadata.get(OFFPOLICY_MASKED_KEY, 0)) for s in _samples(groups))
+
+
 def rollout_token_fates(
     accepted: Sequence[Any], discarded: Mapping[str, Sequence[Any]], requeued: Sequence[Any] = ()
 ) -> dict[str, float]:
@@ -55,7 +73,9 @@ def rollout_token_fates(
     Returns:
         `goodput/tokens_generated` (accepted + discarded), `goodput/tokens_accepted`,
         `goodput/tokens_<reason>` for every reason (0.0 when none), `goodput/tokens_truncated` (accepted tokens
-        of samples that hit the length limit; part of the accepted ones), `goodput/tokens_requeued`.
+        of samples that hit the length limit; part of the accepted ones), `goodput/tokens_requeued`,
+        `goodput/tokens_offpolicy_masked` (part of the generated ones; counted when the sample's group leaves the
+        rollout, not when it is re-queued).
     """
     out = {f"goodput/tokens_{reason}": 0.0 for reason in ("filtered", "aborted", "surplus")}
     for reason, groups in discarded.items():
@@ -66,8 +86,12 @@ def rollout_token_fates(
         sum(s.effective_response_length for s in kept if s.status is Status.TRUNCATED)
     )
     out["goodput/tokens_requeued"] = float(model_tokens(requeued))
-    out["goodput/tokens_generated"] = out["goodput/tokens_accepted"] + sum(
-        out[f"goodput/tokens_{reason}"] for reason in discarded
+    finished = [kept, *discarded.values()]
+    out["goodput/tokens_offpolicy_masked"] = float(sum(offpolicy_masked_tokens(groups) for groups in finished))
+    out["goodput/tokens_generated"] = (
+        out["goodput/tokens_accepted"]
+        + sum(out[f"goodput/tokens_{reason}"] for reason in discarded)
+        + out["goodput/tokens_offpolicy_masked"]
     )
     return out
 
