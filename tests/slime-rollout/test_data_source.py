@@ -473,6 +473,22 @@ def test_a_rollout_batch_larger_than_the_data_is_said_with_its_counts(tmp_path, 
     assert not [r for r in caplog.records if "--rollout-batch-size" in r.getMessage()]
 
 
+def test_an_over_sampling_draw_larger_than_the_data_is_said_and_served_in_full(tmp_path, caplog):
+    path = _write_jsonl(tmp_path / "d.jsonl", ROWS)
+    with caplog.at_level("WARNING", logger="slime_rollout.data"):
+        ds = RolloutDataSource(_args(prompt_data=path, rollout_batch_size=2, over_sampling_batch_size=8))
+    warned = [r.getMessage() for r in caplog.records if "--over-sampling-batch-size" in r.getMessage()]
+    assert warned == [
+        f"--over-sampling-batch-size 8 is more than the 5 prompts of --prompt-data {path}: each over-sampling draw "
+        "wraps past the end of an epoch and holds the same prompt up to 2 times"
+    ]
+    # Every group asked for; the original wraps once per draw, so its second one returns 7 (2 + 5) and leaves its
+    # cursor at offset 6 of 5.
+    assert [g[0].prompt for g in ds.get_samples(8)] == [f"q{i % 5}" for i in range(8)]
+    assert [g[0].prompt for g in ds.get_samples(8)] == [f"q{i % 5}" for i in range(8, 16)]
+    assert (ds.epoch_id, ds.sample_offset) == (3, 1)
+
+
 def test_an_eval_only_run_builds_its_data_source_without_prompt_data():
     # --num-rollout 0 (the original's eval-only run) draws no prompt; its scripts give no --prompt-data, and the
     # data source, built at start-up, refused that ("--prompt-data is required").

@@ -193,6 +193,14 @@ class RolloutDataSource:
                 args.rollout_batch_size, len(self.prompts), args.prompt_data,
                 -(-args.rollout_batch_size // len(self.prompts)),
             )  # fmt: skip
+        elif (args.over_sampling_batch_size or 0) > len(self.prompts):
+            # One draw (`get_samples(--over-sampling-batch-size)`) then holds a prompt twice: said, as above.
+            logger.warning(
+                "--over-sampling-batch-size %d is more than the %d prompts of --prompt-data %s: each over-sampling "
+                "draw wraps past the end of an epoch and holds the same prompt up to %d times",
+                args.over_sampling_batch_size, len(self.prompts), args.prompt_data,
+                -(-args.over_sampling_batch_size // len(self.prompts)),
+            )  # fmt: skip
         self._order = self._epoch_order(0)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
