@@ -211,6 +211,24 @@ def test_dry_run_plans_colocated_and_rollout_only_gpus_as_the_placement_does(mod
     assert "= 1 rollout GPU(s) (sglang), colocated with the trainer; " in capsys.readouterr().out
 
 
+def test_dry_run_on_cpu_plans_debug_rollout_only_colocate_as_the_gpu_run(model, data, monkeypatch, capsys):
+    # Issue 27 pass 87: the GPU run (and the original) gives the engines the colocated run's 4 actor GPUs; the dry
+    # run on a CPU machine printed "1 × 1 GPU(s) = 1 rollout GPU(s)" (the reference engine's default).
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    flags = _flags(model, data, "--num-rollout", "1", "--debug-rollout-only", "--colocate")
+    assert main(["--dry-run", *flags, "--actor-num-gpus-per-node", "4"]) == 0
+    assert "  engines: 4 × 1 GPU(s) = 4 rollout GPU(s) (sglang), on their own GPUs; " in capsys.readouterr().out
+    # The GPU run refuses 6 GPUs in engines of 4; the dry run said the configuration was valid.
+    assert main(["--dry-run", *flags, "--actor-num-gpus-per-node", "6", "--rollout-num-gpus-per-engine", "4"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(
+        "--rollout-num-gpus 6 is not a multiple of --rollout-num-gpus-per-engine 4: 1 engine(s) of 4 GPUs would "
+        "leave 2 GPU(s) idle"
+    ), line
+
+
 def test_gpu_plan_keeps_colocated_tensor_sync_and_cuda_machines_unchanged(model, data):
     from slime_app.dry_run import gpu_plan
 
