@@ -229,6 +229,32 @@ def test_dry_run_on_cpu_plans_debug_rollout_only_colocate_as_the_gpu_run(model, 
     ), line
 
 
+@pytest.mark.parametrize(
+    ("extra", "line"),
+    [
+        (
+            ["--rollout-num-gpus", "2", "--advantage-estimator", "ppo", "--critic-num-nodes", "1"],
+            "placement: 6 GPU(s) = --actor-num-nodes 1 × --actor-num-gpus-per-node 2 + as many for the critic "
+            "(--critic-num-nodes) + --rollout-num-gpus 2 (not colocated), the critic's 2 of its own",
+        ),
+        (
+            ["--colocate", "--rollout-num-gpus", "4", "--advantage-estimator", "ppo"],
+            "placement: 4 GPU(s) = max(--actor-num-nodes 1 × --actor-num-gpus-per-node 2, --rollout-num-gpus 4) "
+            "(--colocate), the critic on the actor's",
+        ),
+        (["--debug-rollout-only", "--colocate"], "placement: 2 GPU(s) = --rollout-num-gpus 2 (--debug-rollout-only)"),
+    ],
+)
+def test_dry_run_prints_the_placement_groups_gpu_count(model, data, monkeypatch, capsys, extra, line):
+    # Issue 27 pass 87: the dry run named no GPU total; a PPO critic with --critic-num-nodes takes the actor's count
+    # again (6 GPUs here, 4 in the original, whose critic always shares the actor's), which it did not show.
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["--dry-run", *_flags(model, data, "--num-rollout", "1", *extra)]) == 0
+    assert f"  {line}\n" in capsys.readouterr().out
+
+
 def test_gpu_plan_keeps_colocated_tensor_sync_and_cuda_machines_unchanged(model, data):
     from slime_app.dry_run import gpu_plan
 

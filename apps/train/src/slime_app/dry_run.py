@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from slime_app.bundle_layout import bundle_layout, layout_text
 from slime_app.disk_space import check_free_space
 from slime_app.outputs import check_creatable, check_places
 from slime_app.preflight import hardware_refusal, preflight
@@ -121,6 +122,12 @@ def _arithmetic(cfg: SlimeArgs, plan: SlimeArgs) -> list[str]:
             f"engines: {engines} × {per_engine} GPU(s) = {engines * per_engine} rollout GPU(s) ({engine}), "
             f"{placement}; weights via {weight_sync}{cpu_note}"
         )
+    layout = bundle_layout(plan)
+    critic = ""
+    if plan.use_critic and not plan.debug_rollout_only:
+        own = layout.critic_gpus
+        critic = f", the critic's {own} of its own" if own else ", the critic on the actor's"
+    lines.append(f"placement: {layout.num_bundles} GPU(s) = {layout_text(plan)}{critic}")
     return lines
 
 
