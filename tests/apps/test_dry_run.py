@@ -211,6 +211,50 @@ def test_dry_run_plans_colocated_and_rollout_only_gpus_as_the_placement_does(mod
     assert "= 1 rollout GPU(s) (sglang), colocated with the trainer; " in capsys.readouterr().out
 
 
+def test_dry_run_on_cpu_plans_debug_rollout_only_colocate_as_the_gpu_run(model, data, monkeypatch, capsys):
+    # Issue 27 pass 87: the GPU run (and the original) gives the engines the colocated run's 4 actor GPUs; the dry
+    # run on a CPU machine printed "1 × 1 GPU(s) = 1 rollout GPU(s)" (the reference engine's default).
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    flags = _flags(model, data, "--num-rollout", "1", "--debug-rollout-only", "--colocate")
+    assert main(["--dry-run", *flags, "--actor-num-gpus-per-node", "4"]) == 0
+    assert "  engines: 4 × 1 GPU(s) = 4 rollout GPU(s) (sglang), on their own GPUs; " in capsys.readouterr().out
+    # The GPU run refuses 6 GPUs in engines of 4; the dry run said the configuration was valid.
+    assert main(["--dry-run", *flags, "--actor-num-gpus-per-node", "6", "--rollout-num-gpus-per-engine", "4"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(
+        "--rollout-num-gpus 6 is not a multiple of --rollout-num-gpus-per-engine 4: 1 engine(s) of 4 GPUs would "
+        "leave 2 GPU(s) idle"
+    ), line
+
+
+@pytest.mark.parametrize(
+    ("extra", "line"),
+    [
+        (
+            ["--rollout-num-gpus", "2", "--advantage-estimator", "ppo", "--critic-num-nodes", "1"],
+            "placement: 6 GPU(s) = --actor-num-nodes 1 × --actor-num-gpus-per-node 2 + as many for the critic "
+            "(--critic-num-nodes) + --rollout-num-gpus 2 (not colocated), the critic's 2 of its own",
+        ),
+        (
+            ["--colocate", "--rollout-num-gpus", "4", "--advantage-estimator", "ppo"],
+            "placement: 4 GPU(s) = max(--actor-num-nodes 1 × --actor-num-gpus-per-node 2, --rollout-num-gpus 4) "
+            "(--colocate), the critic on the actor's",
+        ),
+        (["--debug-rollout-only", "--colocate"], "placement: 2 GPU(s) = --rollout-num-gpus 2 (--debug-rollout-only)"),
+    ],
+)
+def test_dry_run_prints_the_placement_groups_gpu_count(model, data, monkeypatch, capsys, extra, line):
+    # Issue 27 pass 87: the dry run named no GPU total; a PPO critic with --critic-num-nodes takes the actor's count
+    # again (6 GPUs here, 4 in the original, whose critic always shares the actor's), which it did not show.
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["--dry-run", *_flags(model, data, "--num-rollout", "1", *extra)]) == 0
+    assert f"  {line}\n" in capsys.readouterr().out
+
+
 def test_gpu_plan_keeps_colocated_tensor_sync_and_cuda_machines_unchanged(model, data):
     from slime_app.dry_run import gpu_plan
 

@@ -217,7 +217,7 @@ def test_generate_state_and_model_url(qwen3_tokenizer_dir):
         "rollout_batch_size": 2, "n_samples_per_prompt": 3, "num_rollout": 1, "hf_checkpoint": str(qwen3_tokenizer_dir),
         "rollout_max_response_len": 16, "rollout_temperature": 0.7, "sglang_server_concurrency": 5,
         "sglang_args": {"enable_deterministic_inference": True, "dp_size": "2", "enable_dp_attention": True},
-        "rollout_seed": 10,
+        "rollout_seed": 10, "rollout_num_gpus_per_engine": 2,  # DP attention of 2 over each engine's 2 TP ranks
     })  # fmt: skip
     args = PluginArgs.from_config(cfg, engine_urls=["http://h:1", "http://h:2"], router_url="http://r:9")
     SingletonMeta.clear_instances(GenerateState)

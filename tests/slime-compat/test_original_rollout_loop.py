@@ -174,6 +174,8 @@ def test_generate_state_reads_engine_flags_however_a_config_file_spells_them(eng
     # `sglang_args` keeps the keys as given: a config file's `enable-deterministic-inference` / `sglang-dp-size`
     # were not read, so the group's seeds and the DP-rank counts were silently left out.
     flags = {"enable-deterministic-inference": True, "sglang-dp-size": "2", "enable-dp-attention": True}
-    state = GenerateState(_args(qwen3_tokenizer_dir, sglang_args=flags, rollout_seed=7))
+    # DP attention of 2 needs an engine of at least 2 TP ranks (validation refuses it on one GPU, as SGLang does).
+    engine = {"rollout_num_gpus": 2, "rollout_num_gpus_per_engine": 2}
+    state = GenerateState(_args(qwen3_tokenizer_dir, sglang_args=flags, rollout_seed=7, **engine))
     assert state.group_sampling_seeds == [7, 8]
     assert state.dp_counts == [0, 0]

@@ -103,8 +103,25 @@ def test_a_config_files_dashed_engine_keys_are_validated_under_their_field(tmp_p
         parse_args(_config_file_args(tmp_path, '  sglang-dp-size: "2"\n'))
     with pytest.raises(ConfigError, match="--rollout-num-gpus-per-engine 1 must be divisible by --sglang-pp-size 2"):
         parse_args(_config_file_args(tmp_path, '  pp-size: "2"\n'))
-    args = parse_args(_config_file_args(tmp_path, '  sglang-dp-size: "2"\n  enable-dp-attention: true\n'))
+    engine = ["--rollout-num-gpus-per-engine", "2"]  # DP attention of 2 splits an engine of 2 GPUs
+    args = parse_args([*_config_file_args(tmp_path, '  sglang-dp-size: "2"\n  enable-dp-attention: true\n'), *engine])
     assert args.sglang_args == {"dp_size": "2", "enable_dp_attention": True}
+
+
+@pytest.mark.parametrize(("per_engine", "pp", "dp", "tp"), [(4, 1, 3, 4), (1, 1, 2, 1), (8, 2, 8, 4)])
+def test_dp_attention_that_does_not_divide_the_engines_tensor_parallel_size_is_refused(per_engine, pp, dp, tp):
+    # Issue 27 pass 87: accepted (the original passes them on too), then SGLang's start-up stopped on a bare
+    # `assert self.tp_size % self.dp_size == 0`, naming no flag.
+    argv = ["--rollout-batch-size", "4", "--num-rollout", "1", "--rollout-num-gpus-per-engine", str(per_engine)]
+    argv += ["--sglang-pp-size", str(pp), "--sglang-dp-size", str(dp), "--sglang-enable-dp-attention"]
+    with pytest.raises(ConfigError) as caught:
+        parse_args(argv)
+    assert str(caught.value) == (
+        f"--sglang-dp-size {dp} must divide each engine's tensor-parallel size {tp} (--rollout-num-gpus-per-engine "
+        f"{per_engine} / --sglang-pp-size {pp}): DP attention splits an engine's TP ranks into that many groups"
+    )
+    argv[argv.index("--sglang-dp-size") + 1] = str(tp)  # DP attention over all the engine's TP ranks
+    assert parse_args(argv).sglang_args["dp_size"] == str(tp)
 
 
 def test_one_engine_field_given_twice_with_different_values_is_refused():
@@ -118,7 +135,7 @@ def test_a_config_files_numeric_and_boolean_engine_values_are_taken_as_the_comma
     # Before: `dp-size: 2` (a YAML int) was a three-part pydantic error ("Input should be a valid string ... boolean
     # ... list"); the CLI's `--sglang-dp-size 2` holds the text "2", which the launcher renders as `--dp-size 2`.
     yaml = "  dp-size: 2\n  enable-dp-attention: true\n  mem-fraction-static: 0.85\n  cuda-graph-bs: [1, 2, 4]\n"
-    args = parse_args(_config_file_args(tmp_path, yaml))
+    args = parse_args([*_config_file_args(tmp_path, yaml), "--rollout-num-gpus-per-engine", "2"])
     assert args.sglang_args == {"dp_size": "2", "enable_dp_attention": True, "mem_fraction_static": "0.85",
                                 "cuda_graph_bs": ["1", "2", "4"]}  # fmt: skip
     plugin_args = PluginArgs.from_config(args)

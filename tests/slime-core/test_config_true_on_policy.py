@@ -65,7 +65,8 @@ def test_engine_flags_in_the_mode_and_none_without():
         ({"train_backend": "megatron"}, "implemented by --train-backend fsdp only, got --train-backend megatron"),
         ({"rollout_num_gpus_per_engine": 2}, "--rollout-num-gpus-per-engine 2: engine TP splits"),
         ({"sglang_args": {"attention_backend": "fa3"}}, "--sglang-attention-backend fa3: the trainer mirrors"),
-        ({"sglang_args": {"dp_size": "2", "enable_dp_attention": True}}, "--sglang-dp-size 2: use 1"),
+        # One GPU per engine: DP attention of 2 has no TP ranks to split (refused before the mode's own rule).
+        ({"sglang_args": {"dp_size": "2", "enable_dp_attention": True}}, "--sglang-dp-size 2 must divide each engine"),
         ({"lora_rank": 8}, "--lora-rank 8: LoRA adds matmuls"),
         ({"sglang_args": {"enable_mixed_chunk": True}}, "--sglang-enable-mixed-chunk True: generated tokens"),
         ({"sglang_args": {"speculative_algorithm": "EAGLE"}}, "--sglang-speculative-algorithm EAGLE"),

@@ -166,7 +166,8 @@ def test_valid_combinations_pass():
     assert make(use_tis=True).use_tis and make(use_rollout_logprobs=True).use_rollout_logprobs
     assert make(rollout_num_gpus_per_engine=4, num_gpus_per_node=4).num_gpus_per_node == 4
     assert make(eval_interval=5, eval_prompt_data=["gsm8k", "g.jsonl"]).eval_datasets == [("gsm8k", "g.jsonl")]
-    assert make(sglang_args={"dp_size": "2", "enable_dp_attention": True}).sglang_args["dp_size"] == "2"
+    dp_attention = {"dp_size": "2", "enable_dp_attention": True}  # over an engine's 2 TP ranks
+    assert make(sglang_args=dp_attention, rollout_num_gpus_per_engine=2).sglang_args["dp_size"] == "2"
     assert make(rollout_num_gpus_per_engine=4, sglang_args={"pp_size": "2"}).rollout_num_gpus_per_engine == 4
     assert make(colocate=True, rollout_num_gpus=0, rollout_engine_urls=["http://h:1"]).rollout_num_gpus == 0
     assert make(rollout_num_gpus=0, debug_train_only=True).rollout_num_gpus == 0

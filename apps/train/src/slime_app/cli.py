@@ -70,7 +70,7 @@ def _main(argv: list[str]) -> int:
         if cfg.dry_run:
             from slime_app.dry_run import dry_run
 
-            print("\n".join(dry_run(cfg)))
+            print("\n".join(dry_run(cfg, argv)))
             return 0
         from slime_app.disk_space import check_free_space
         from slime_app.outputs import (

@@ -46,6 +46,7 @@ from ray.util.placement_group import (  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
 from slime_app import interrupts  # noqa: E402
+from slime_app.bundle_layout import bundle_layout, layout_text  # noqa: E402
 from slime_app.ray_start import check_ray_address, ray_address, start_local_ray  # noqa: E402
 from slime_core.config import SlimeArgs  # noqa: E402
 from slime_rollout.engines.launch import nccl_cumem_enable  # noqa: E402
@@ -218,28 +219,14 @@ def create_placement(cfg: SlimeArgs) -> Placement:
     """Creates the placement group for the run's layout (see the module docstring)."""
     use_gpu = has_gpu()
     actor_gpus = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
-    rollout_gpus = cfg.rollout_num_gpus or 0
-    if cfg.rollout_engine_urls:  # engines started elsewhere: no bundle of ours would hold one (the original's layout)
-        if rollout_gpus > (actor_gpus if cfg.colocate else 0):
-            logger.warning(
-                "--rollout-num-gpus %d: no GPUs are reserved for engines given by --rollout-engine-urls "
-                "(--rollout-external-engine-addrs); they run where they were started", rollout_gpus,
-            )  # fmt: skip
-        rollout_gpus = 0
-    # The critic's own GPUs (validation made them as many as the actor's); 0 when it shares the actor's.
-    critic_gpus = actor_gpus if cfg.use_critic and cfg.critic_num_nodes is not None else 0
-    if cfg.debug_rollout_only:
-        num_bundles, actor_count, rollout_offset, critic_gpus = rollout_gpus, 0, 0, 0
-    elif cfg.debug_train_only:
-        num_bundles, actor_count, rollout_offset = actor_gpus + critic_gpus, actor_gpus, 0
-    elif cfg.colocate:
-        num_bundles, actor_count, rollout_offset = max(actor_gpus, rollout_gpus) + critic_gpus, actor_gpus, 0
-    else:
-        num_bundles, actor_count = actor_gpus + critic_gpus + rollout_gpus, actor_gpus
-        rollout_offset = actor_gpus + critic_gpus
-    critic_offset = num_bundles - critic_gpus if cfg.colocate else actor_gpus
-    if cfg.debug_train_only:
-        rollout_gpus = 0
+    if cfg.rollout_engine_urls and (cfg.rollout_num_gpus or 0) > (actor_gpus if cfg.colocate else 0):
+        logger.warning(
+            "--rollout-num-gpus %d: no GPUs are reserved for engines given by --rollout-engine-urls "
+            "(--rollout-external-engine-addrs); they run where they were started", cfg.rollout_num_gpus,
+        )  # fmt: skip
+    layout = bundle_layout(cfg)
+    num_bundles, actor_count, rollout_offset = layout.num_bundles, layout.actor_count, layout.rollout_offset
+    rollout_gpus, critic_offset, critic_gpus = layout.rollout_gpus, layout.critic_offset, layout.critic_gpus
     if num_bundles == 0:
         return Placement(group=None, actor_bundles=[], rollout_bundles=[], rollout_gpu_ids=[], use_gpu=use_gpu)
 
@@ -277,25 +264,6 @@ def create_placement(cfg: SlimeArgs) -> Placement:
         f", critic bundles {placement.critic_bundles}" if placement.critic_bundles else "",
     )
     return placement
-
-
-def layout_text(cfg: SlimeArgs) -> str:
-    """The placement's bundle count as the flags make it (`create_placement`'s arithmetic), for messages.
-
-    E.g. `--actor-num-nodes 1 × --actor-num-gpus-per-node 8 + --rollout-num-gpus 8 (not colocated)`.
-    """
-    actor = f"--actor-num-nodes {cfg.actor_num_nodes} × --actor-num-gpus-per-node {cfg.actor_num_gpus_per_node}"
-    rollout = f"--rollout-num-gpus {cfg.rollout_num_gpus or 0}"
-    if cfg.rollout_engine_urls:
-        rollout = "0 rollout GPUs (external engines: --rollout-engine-urls)"
-    critic = " + as many for the critic (--critic-num-nodes)" if cfg.use_critic and cfg.critic_num_nodes else ""
-    if cfg.debug_rollout_only:
-        return f"{rollout} (--debug-rollout-only)"
-    if cfg.debug_train_only:
-        return f"{actor}{critic} (--debug-train-only)"
-    if cfg.colocate:
-        return f"max({actor}, {rollout}){critic} (--colocate)"
-    return f"{actor}{critic} + {rollout} (not colocated)"
 
 
 def check_capacity(

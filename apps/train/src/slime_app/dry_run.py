@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from slime_app.bundle_layout import bundle_layout, layout_text
 from slime_app.disk_space import check_free_space
 from slime_app.outputs import check_creatable, check_places
 from slime_app.preflight import hardware_refusal, preflight
@@ -87,7 +88,7 @@ def render_config(cfg: SlimeArgs) -> list[str]:
     return lines
 
 
-def _arithmetic(cfg: SlimeArgs) -> list[str]:
+def _arithmetic(cfg: SlimeArgs, plan: SlimeArgs) -> list[str]:
     world = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
     model_parallel = cfg.tensor_model_parallel_size * cfg.pipeline_model_parallel_size * cfg.context_parallel_size
     samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
@@ -107,9 +108,9 @@ def _arithmetic(cfg: SlimeArgs) -> list[str]:
     if not cfg.debug_train_only and cfg.rollout_engine_urls:
         lines.append(f"engines: {len(cfg.rollout_engine_urls)} outside engine(s) (--rollout-engine-urls), none started")
     elif not cfg.debug_train_only:
-        per_engine = cfg.rollout_num_gpus_per_engine
-        engines = max(1, (cfg.rollout_num_gpus or per_engine) // per_engine)
-        shared, own = colocated_gpu_split(cfg)
+        per_engine = plan.rollout_num_gpus_per_engine
+        engines = max(1, (plan.rollout_num_gpus or per_engine) // per_engine)
+        shared, own = colocated_gpu_split(plan)
         if not cfg.colocate:
             placement = "on their own GPUs"
         elif not own:
@@ -121,6 +122,12 @@ def _arithmetic(cfg: SlimeArgs) -> list[str]:
             f"engines: {engines} × {per_engine} GPU(s) = {engines * per_engine} rollout GPU(s) ({engine}), "
             f"{placement}; weights via {weight_sync}{cpu_note}"
         )
+    layout = bundle_layout(plan)
+    critic = ""
+    if plan.use_critic and not plan.debug_rollout_only:
+        own = layout.critic_gpus
+        critic = f", the critic's {own} of its own" if own else ", the critic on the actor's"
+    lines.append(f"placement: {layout.num_bundles} GPU(s) = {layout_text(plan)}{critic}")
     return lines
 
 
@@ -158,6 +165,21 @@ def gpu_plan(cfg: SlimeArgs, *, cuda: bool | None = None) -> tuple[str, str, str
         f"and --weight-sync {cfg.weight_sync})"
     )
     return engine, weight_sync, note
+
+
+def _gpu_run_config(cfg: SlimeArgs, argv: list[str] | None) -> SlimeArgs:
+    """`cfg` as a CUDA machine validates it: the engine GPUs a GPU run gets (`--rollout-num-gpus`'s defaults).
+
+    Validation here resolved `--rollout-engine` to the CPU reference engine, for which some defaults reserve no GPU
+    (`--debug-rollout-only --colocate` keeps one CPU engine; on GPUs the engines get the actor's GPUs). The flags
+    are parsed again with the GPU plan's engine (`gpu_plan`), unless the user named one or no flags are known.
+    """
+    engine, _, _ = gpu_plan(cfg)
+    if argv is None or engine == cfg.rollout_engine:
+        return cfg
+    from slime_core.config import parse_args
+
+    return parse_args(["--rollout-engine", engine, *argv])
 
 
 def _prompt_rows(cfg: SlimeArgs) -> PromptRows | None:
@@ -223,8 +245,13 @@ def _prompt_filter(cfg: SlimeArgs, rows: PromptRows | None) -> list[str]:
     return [f"prompt length: {kept} of {total} prompts within {limit} tokens ({total - kept} longer are dropped)"]
 
 
-def dry_run(cfg: SlimeArgs) -> list[str]:
+def dry_run(cfg: SlimeArgs, argv: list[str] | None = None) -> list[str]:
     """Runs every check that needs no hardware and returns the report (the resolved config and what was checked).
+
+    Args:
+        cfg: the validated config.
+        argv: the command line it came from; the GPU plan's engine counts are validated from it as on a CUDA
+            machine (without it, this machine's values are shown).
 
     Raises:
         The errors of `preflight`, `resolve_config` and the tokenizer (one line each): the caller prints them.
@@ -237,7 +264,8 @@ def dry_run(cfg: SlimeArgs) -> list[str]:
     if weight_sync != cfg.weight_sync and "update_weight_disk_dir" not in cfg.model_fields_set:
         shown["update_weight_disk_dir"] = None  # only the CPU fallback's disk sync sets it
     report += render_config(cfg.model_copy(update=shown))
-    report += ["", "arithmetic:"] + [f"  {line}" for line in _arithmetic(cfg)]
+    plan = _gpu_run_config(cfg, argv)
+    report += ["", "arithmetic:"] + [f"  {line}" for line in _arithmetic(cfg, plan)]
     rows = _prompt_rows(cfg)  # read once: the first prompt and the length filter both use them
     checks = resolved + notes + _first_prompt(cfg, rows) + _prompt_filter(cfg, rows)
     if not ray_address(cfg):  # as the run: other hosts write on a cluster

@@ -508,8 +508,17 @@ def _passthrough(args: SlimeArgs) -> None:
             f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} must be divisible by "
             f"--sglang-pp-size {pp}"
         )
-    if _sglang_int(args, "dp_size", 1) > 1 and not args.sglang_args.get("enable_dp_attention"):
+    dp = _sglang_int(args, "dp_size", 1)
+    if dp > 1 and not args.sglang_args.get("enable_dp_attention"):
         raise ConfigError("--sglang-dp-size > 1 requires --sglang-enable-dp-attention")
+    tp = args.rollout_num_gpus_per_engine // pp
+    if dp > 1 and tp % dp:
+        # SGLang's own check (ServerArgs: `assert self.tp_size % self.dp_size == 0`) failed in the engine's start-up.
+        raise ConfigError(
+            f"--sglang-dp-size {dp} must divide each engine's tensor-parallel size {tp} (--rollout-num-gpus-per-engine "
+            f"{args.rollout_num_gpus_per_engine} / --sglang-pp-size {pp}): DP attention splits an engine's TP ranks "
+            "into that many groups"
+        )
     spec = train_backend_spec(args)
     if spec.megatron_native:
         # Parse the parallel sizes now so a bad value fails at startup, not inside a worker.
