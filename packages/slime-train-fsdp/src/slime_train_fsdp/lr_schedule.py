@@ -1,7 +1,7 @@
 """Megatron-style learning-rate schedule counted in optimizer steps.
 
 Linear warmup from `--lr-warmup-init` (0) to `--lr` over `--lr-warmup-iters` steps (or
-`--lr-warmup-fraction` × `decay_iters`, rounded down), then decay to `--min-lr` over the remaining
+`--lr-warmup-fraction` × `decay_iters`, not rounded, as the original's Megatron), then decay to `--min-lr` over the remaining
 `decay_iters - warmup` steps (`--lr-decay-style` constant | linear | cosine), then flat at `--min-lr`.
 `decay_iters` is `--lr-decay-iters` when set, else the run's total optimizer steps
 `num_rollout * rollout_batch_size * n_samples_per_prompt // global_batch_size`.
@@ -24,15 +24,20 @@ _RUN_LENGTH = "--lr-decay-iters (or the run's length)"
 
 
 def lr_at_step(
-    step: int, *, lr: float, min_lr: float, warmup: int, decay_iters: int, style: str, warmup_init: float = 0.0
+    step: int, *, lr: float, min_lr: float, warmup: float, decay_iters: int, style: str, warmup_init: float = 0.0
 ) -> float:
-    """Learning rate used by optimizer step `step` (0-based).
+    """Learning rate used by optimizer step `step` (0-based): megatron-core's `OptimizerParamScheduler.get_lr`.
+
+    megatron-core sets the rate of a step before it (the scheduler is built at step 0 and stepped after each
+    optimizer step), so step `k` of a warmup uses `warmup_init + (lr - warmup_init) * k / warmup`: the first step
+    runs at `warmup_init` and step `warmup` at `lr` (`megatron/core/optimizer_param_scheduler.py`).
 
     Args:
         step: number of optimizer steps already taken.
         lr: peak rate (`--lr`).
         min_lr: floor after decay (`--min-lr`).
-        warmup: warmup steps; the rate is `warmup_init + (lr - warmup_init) * (step + 1) / warmup` during warmup.
+        warmup: warmup steps (may be fractional: `--lr-warmup-fraction` × `decay_iters`); the rate is
+            `warmup_init + (lr - warmup_init) * step / warmup` for `step <= warmup`.
         decay_iters: step at which decay reaches `min_lr`.
         style: `constant`, `linear` or `cosine` (`--lr-decay-style`).
         warmup_init: rate the warmup starts from (`--lr-warmup-init`).
@@ -45,12 +50,15 @@ def lr_at_step(
     """
     if style not in _STYLES:
         raise ValueError(f"--lr-decay-style must be one of {_STYLES}, got {style!r}")
-    if warmup > 0 and step < warmup:
-        return warmup_init + (lr - warmup_init) * (step + 1) / warmup
+    if warmup > 0 and step <= warmup:
+        return warmup_init + (lr - warmup_init) * step / warmup
     if style == "constant":
         return lr
-    span = max(decay_iters - warmup, 1)
-    frac = min(max(step - warmup, 0) / span, 1.0)
+    if step > decay_iters:
+        return min_lr
+    # Here warmup < step <= decay_iters, so the span is positive (also where warmup >= decay_iters, which
+    # megatron-core refuses: its rate there is --lr through the warmup, then --min-lr).
+    frac = (step - warmup) / (decay_iters - warmup)
     if style == "linear":
         coeff = 1.0 - frac
     else:
@@ -65,14 +73,16 @@ def _decay_iters(cfg: SlimeArgs) -> int:
     return total or 1
 
 
-def _warmup_iters(cfg: SlimeArgs, decay_iters: int) -> int:
+def _warmup_iters(cfg: SlimeArgs, decay_iters: int) -> float:
     fraction = cfg.lr_warmup_fraction
     iters = cfg.lr_warmup_iters
     if fraction is None:
         return iters
     if iters:
         raise ValueError("give only one of --lr-warmup-iters and --lr-warmup-fraction")
-    return int(float(fraction) * decay_iters)  # Megatron: a fraction of the decay steps
+    # The original's Megatron: `lr_warmup_fraction * lr_decay_steps`, a float (rounding down started the decay up to a
+    # step early and reached --lr a step sooner than megatron-core does).
+    return float(fraction) * decay_iters
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: SlimeArgs) -> torch.optim.lr_scheduler.LambdaLR:

@@ -1,0 +1,128 @@
+"""The FSDP trainer's learning rate and weight decay, step by step, against megatron-core's `OptimizerParamScheduler`.
+
+The reference is built as the original's Megatron backend builds it (`slime/backends/megatron_utils/model.py`
+`get_optimizer_param_scheduler`: steps in samples, `lr_decay_iters × global_batch_size`, a warmup of
+`lr_warmup_fraction × lr_decay_steps` unrounded, stepped by `global_batch_size` after each optimizer step) and
+compared with what the AdamW of `build_optimizer` holds before each `clip_and_step`, on a tiny model (the trainer's
+own optimizer and schedule; FSDP2 sharding does not touch either).
+"""
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from slime_core.config import SlimeArgs
+from slime_train_fsdp.trainer_parts import build_optimizer, clip_and_step
+
+scheduler_module = pytest.importorskip("megatron.core.optimizer_param_scheduler")
+
+_CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
+_STEPS = 50
+_GBS = 4  # samples per optimizer step
+
+
+def _megatron_rates(flags: dict, train_iters: int) -> list[tuple[float, float]]:
+    """`(lr, weight decay)` of the decayed group at each of `_STEPS` steps, from megatron-core."""
+    decay_iters = flags.get("lr_decay_iters") or train_iters
+    decay_steps = decay_iters * _GBS
+    if flags.get("lr_warmup_fraction") is not None:
+        warmup_steps = flags["lr_warmup_fraction"] * decay_steps
+    else:
+        warmup_steps = flags.get("lr_warmup_iters", 0) * _GBS
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    wd = flags.get("weight_decay", 0.0)
+    scheduler = scheduler_module.OptimizerParamScheduler(
+        optimizer, init_lr=flags.get("lr_warmup_init", 0.0), max_lr=flags["lr"], min_lr=flags.get("min_lr", 0.0),
+        lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps, lr_decay_style=flags.get("lr_decay_style", "constant"),
+        start_wd=wd, end_wd=wd, wd_incr_steps=train_iters * _GBS, wd_incr_style="constant",
+    )  # fmt: skip
+    out = []
+    for _ in range(_STEPS):
+        group = optimizer.param_groups[0]
+        out.append((group["lr"], group["weight_decay"]))
+        scheduler.step(increment=_GBS)
+    return out
+
+
+def _ours(flags: dict, num_rollout: int) -> list[tuple[float, float]]:
+    """`(lr, weight decay)` of the FSDP trainer's decayed group before each of `_STEPS` optimizer steps."""
+    cfg = _CONFIG.model_copy(
+        update={"num_rollout": num_rollout, "rollout_batch_size": _GBS, "n_samples_per_prompt": 1,
+                "global_batch_size": _GBS, "lr_decay_iters": None, "lr_warmup_fraction": None, **flags}  # fmt: skip
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3))
+    optimizer, scheduler = build_optimizer(model, cfg, torch.device("cpu"))
+    out = []
+    for _ in range(_STEPS):
+        group = optimizer.param_groups[0]
+        out.append((group["lr"], group["weight_decay"]))
+        model(torch.ones(2, 3)).square().sum().backward()
+        clip_and_step(model, optimizer, scheduler, 1.0)
+        optimizer.zero_grad()
+    return out
+
+
+_SCHEDULES = [
+    dict(lr_decay_style=style, **extra)
+    for style, extra in itertools.product(
+        ["constant", "linear", "cosine"],
+        [
+            {},
+            dict(lr_warmup_iters=5),
+            dict(lr_warmup_iters=5, lr_warmup_init=1e-7),
+            dict(lr_warmup_fraction=0.1),  # 3.0 of 30 steps
+            dict(lr_warmup_fraction=0.25),  # 7.5 of 30 steps: fractional
+            dict(lr_decay_iters=20),
+            dict(lr_decay_iters=20, lr_warmup_iters=3, min_lr=1e-7),
+            dict(lr_decay_iters=17, lr_warmup_fraction=0.3, min_lr=2e-7),  # 5.1 warmup steps
+            dict(lr_decay_iters=40, min_lr=5e-7),  # decay beyond the run
+            dict(min_lr=1e-7, weight_decay=0.1),
+            dict(lr_warmup_iters=1),
+        ],
+    )
+]
+
+
+@pytest.mark.parametrize("flags", _SCHEDULES, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+def test_lr_and_weight_decay_match_megatron_core(flags):
+    # Before: step 0 of a warmup ran at lr / warmup (megatron-core: --lr-warmup-init), every warmup step one step
+    # ahead, and --lr-warmup-fraction rounded the warmup down (7.5 -> 7 steps), which moved the whole decay.
+    flags = dict(lr=1e-6, **flags)
+    num_rollout = 30  # 30 optimizer steps in the run (the decay length when --lr-decay-iters is unset); 50 stepped
+    expected = _megatron_rates(flags, train_iters=num_rollout)
+    got = _ours(flags, num_rollout)
+    for step, ((lr, wd), (ref_lr, ref_wd)) in enumerate(zip(got, expected, strict=True)):
+        assert lr == pytest.approx(ref_lr, rel=1e-12, abs=1e-20), f"step {step}: lr {lr} vs megatron-core {ref_lr}"
+        assert wd == ref_wd, f"step {step}"
+
+
+def test_warmup_longer_than_decay_is_megatron_cores_rate_where_it_has_one():
+    # megatron-core asserts warmup < decay; ours warms up to --lr at step `warmup`, then holds --min-lr (the Megatron
+    # backend here clamps the decay to warmup + 1, which gives the same rates).
+    flags = dict(lr=1.0, min_lr=0.1, lr_decay_style="linear", lr_warmup_iters=4, lr_decay_iters=2)
+    got = [lr for lr, _ in _ours(flags, 30)[:7]]
+    assert got == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0, 0.1, 0.1], abs=1e-12)
+    with pytest.raises(AssertionError):
+        _megatron_rates(flags, 30)
+
+
+def test_weight_decay_skips_biases_and_norms_as_megatron_core():
+    # Before: AdamW decayed every parameter, the LayerNorm's weight and both biases too; megatron-core's default
+    # parameter groups leave biases and 1-D parameters undecayed (embeddings are decayed).
+    model = nn.ModuleDict(dict(embed=nn.Embedding(5, 3), proj=nn.Linear(3, 3), norm=nn.LayerNorm(3)))
+    cfg = _CONFIG.model_copy(update=dict(weight_decay=0.1, lr=1.0))
+    optimizer, _ = build_optimizer(model, cfg, torch.device("cpu"))
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = [(g["weight_decay"], sorted(names[id(p)] for p in g["params"])) for g in optimizer.param_groups]
+    assert groups == [(0.1, ["embed.weight", "proj.weight"]), (0.0, ["norm.bias", "norm.weight", "proj.bias"])]
+    # And the step does what the groups say: with a zero gradient, only decayed weights shrink (by lr × wd).
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for n, p in model.named_parameters():
+        factor = 0.9 if n in ("embed.weight", "proj.weight") else 1.0
+        torch.testing.assert_close(p.detach(), before[n] * factor, rtol=0, atol=1e-7, msg=n)
