@@ -35,7 +35,8 @@ def _megatron_rates(flags: dict, train_iters: int) -> list[tuple[float, float]]:
     wd = flags.get("weight_decay", 0.0)
     scheduler = scheduler_module.OptimizerParamScheduler(
         optimizer, init_lr=flags.get("lr_warmup_init", 0.0), max_lr=flags["lr"], min_lr=flags.get("min_lr", 0.0),
-        lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps, lr_decay_style=flags.get("lr_decay_style", "constant"),
+        lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps,
+        lr_decay_style=flags.get("lr_decay_style", "constant"),
         start_wd=wd, end_wd=wd, wd_incr_steps=train_iters * _GBS, wd_incr_style="constant",
     )  # fmt: skip
     out = []
@@ -49,8 +50,15 @@ def _megatron_rates(flags: dict, train_iters: int) -> list[tuple[float, float]]:
 def _ours(flags: dict, num_rollout: int) -> list[tuple[float, float]]:
     """`(lr, weight decay)` of the FSDP trainer's decayed group before each of `_STEPS` optimizer steps."""
     cfg = _CONFIG.model_copy(
-        update={"num_rollout": num_rollout, "rollout_batch_size": _GBS, "n_samples_per_prompt": 1,
-                "global_batch_size": _GBS, "lr_decay_iters": None, "lr_warmup_fraction": None, **flags}  # fmt: skip
+        update={
+            "num_rollout": num_rollout,
+            "rollout_batch_size": _GBS,
+            "n_samples_per_prompt": 1,
+            "global_batch_size": _GBS,
+            "lr_decay_iters": None,
+            "lr_warmup_fraction": None,
+            **flags,
+        }  # fmt: skip
     )
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3))

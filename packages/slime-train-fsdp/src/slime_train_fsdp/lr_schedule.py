@@ -1,8 +1,8 @@
 """Megatron-style learning-rate schedule counted in optimizer steps.
 
 Linear warmup from `--lr-warmup-init` (0) to `--lr` over `--lr-warmup-iters` steps (or
-`--lr-warmup-fraction` × `decay_iters`, not rounded, as the original's Megatron), then decay to `--min-lr` over the remaining
-`decay_iters - warmup` steps (`--lr-decay-style` constant | linear | cosine), then flat at `--min-lr`.
+`--lr-warmup-fraction` × `decay_iters`, not rounded, as the original's Megatron), then decay to `--min-lr` over the
+remaining `decay_iters - warmup` steps (`--lr-decay-style` constant | linear | cosine), then flat at `--min-lr`.
 `decay_iters` is `--lr-decay-iters` when set, else the run's total optimizer steps
 `num_rollout * rollout_batch_size * n_samples_per_prompt // global_batch_size`.
 """
