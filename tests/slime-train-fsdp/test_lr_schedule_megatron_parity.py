@@ -134,3 +134,54 @@ def test_weight_decay_skips_biases_and_norms_as_megatron_core():
     for n, p in model.named_parameters():
         factor = 0.9 if n in ("embed.weight", "proj.weight") else 1.0
         torch.testing.assert_close(p.detach(), before[n] * factor, rtol=0, atol=1e-7, msg=n)
+
+
+def test_a_resume_from_load_continues_the_schedule_and_the_weight_decay_groups(tmp_path):
+    # The trainer's own optimizer (two groups) through save_checkpoint / load_checkpoint: a resume after 7 steps goes
+    # on at megatron-core's rate of step 7, not from the warmup's start, with the groups' weight decay kept.
+    import torch.distributed as dist
+
+    from slime_train_fsdp.checkpoint import load_checkpoint, save_checkpoint
+
+    flags = {"lr": 1e-6, "min_lr": 1e-7, "lr_decay_style": "cosine", "lr_warmup_iters": 5, "weight_decay": 0.1}
+    cfg = _CONFIG.model_copy(
+        update={
+            "num_rollout": 30,
+            "rollout_batch_size": _GBS,
+            "n_samples_per_prompt": 1,
+            "global_batch_size": _GBS,
+            "lr_decay_iters": None,
+            "lr_warmup_fraction": None,
+            **flags,
+        }  # fmt: skip
+    )
+    expected = [lr for lr, _ in _megatron_rates(flags, train_iters=30)]
+
+    def parts():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3))
+        return (model, *build_optimizer(model, cfg, torch.device("cpu")))
+
+    def train(model, optimizer, scheduler, steps):
+        seen = []
+        for _ in range(steps):
+            seen.append([group["lr"] for group in optimizer.param_groups])
+            model(torch.ones(2, 3)).square().sum().backward()
+            clip_and_step(model, optimizer, scheduler, 1.0)
+            optimizer.zero_grad()
+        return seen
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model, optimizer, scheduler = parts()
+        train(model, optimizer, scheduler, 7)
+        save_checkpoint(tmp_path / "save", rollout_id=6, global_step=7, model=model, optimizer=optimizer,
+                        scheduler=scheduler, save_optim=True)  # fmt: skip
+        model, optimizer, scheduler = parts()
+        load_checkpoint(tmp_path / "save", model=model, optimizer=optimizer, scheduler=scheduler)
+        assert [group["weight_decay"] for group in optimizer.param_groups] == [0.1, 0.0]
+        resumed = train(model, optimizer, scheduler, 5)
+    finally:
+        dist.destroy_process_group()
+    for step, rates in enumerate(resumed, start=7):
+        assert rates == pytest.approx([expected[step]] * 2, rel=1e-12), f"step {step}"
