@@ -92,6 +92,17 @@ _SCHEDULES = [
         ],
     )
 ]
+_SCHEDULES += [  # megatron-core's inverse-square-root: with a warmup, its rate does not hang on the batch size
+    dict(lr_decay_style="inverse-square-root", **extra)
+    for extra in [
+        dict(lr_warmup_iters=5),
+        dict(lr_warmup_iters=5, lr_warmup_init=1e-7, min_lr=2e-7),  # reaches --min-lr at step 125: never here
+        dict(lr_warmup_iters=2, min_lr=4e-7),  # reaches --min-lr at step 12.5
+        dict(lr_warmup_fraction=0.25),
+        dict(lr_decay_iters=20, lr_warmup_iters=3, min_lr=1e-7),  # --min-lr after step 20
+        dict(lr_warmup_iters=1, weight_decay=0.01),
+    ]
+]
 
 
 @pytest.mark.parametrize("flags", _SCHEDULES, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
@@ -105,6 +116,15 @@ def test_lr_and_weight_decay_match_megatron_core(flags):
     for step, ((lr, wd), (ref_lr, ref_wd)) in enumerate(zip(got, expected, strict=True)):
         assert lr == pytest.approx(ref_lr, rel=1e-12, abs=1e-20), f"step {step}: lr {lr} vs megatron-core {ref_lr}"
         assert wd == ref_wd, f"step {step}"
+
+
+def test_inverse_square_root_without_warmup_counts_optimizer_steps():
+    # megatron-core clamps the warmup to 1 of its steps, which the original counts in samples: lr / sqrt(k x gbs).
+    # Both backends here count optimizer steps: lr / sqrt(k) (MIGRATION.md).
+    flags = {"lr": 1.0, "min_lr": 0.0, "lr_decay_style": "inverse-square-root"}
+    got = [lr for lr, _ in _ours(flags, 30)[:5]]
+    assert got == pytest.approx([1.0, 1.0, 2**-0.5, 3**-0.5, 0.5], rel=1e-12)
+    assert _ours(flags, 30)[31][0] == 0.0  # after the decay steps (the run's 30): --min-lr
 
 
 def test_warmup_longer_than_decay_is_megatron_cores_rate_where_it_has_one():

@@ -2,7 +2,8 @@
 
 Linear warmup from `--lr-warmup-init` (0) to `--lr` over `--lr-warmup-iters` steps (or
 `--lr-warmup-fraction` × `decay_iters`, not rounded, as the original's Megatron), then decay to `--min-lr` over the
-remaining `decay_iters - warmup` steps (`--lr-decay-style` constant | linear | cosine), then flat at `--min-lr`.
+remaining `decay_iters - warmup` steps (`--lr-decay-style` constant | linear | cosine | inverse-square-root), then
+flat at `--min-lr`: megatron-core's `OptimizerParamScheduler.get_lr`.
 `decay_iters` is `--lr-decay-iters` when set, else the run's total optimizer steps
 `num_rollout * rollout_batch_size * n_samples_per_prompt // global_batch_size`.
 """
@@ -18,7 +19,7 @@ from slime_core.config import SlimeArgs
 
 __all__ = ["build_lr_scheduler", "load_scheduler_state", "lr_at_step"]
 
-_STYLES = ("constant", "linear", "cosine")
+_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 # The decay length's key in a saved schedule (kept as written: checkpoints compare by it).
 _RUN_LENGTH = "--lr-decay-iters (or the run's length)"
 
@@ -39,7 +40,8 @@ def lr_at_step(
         warmup: warmup steps (may be fractional: `--lr-warmup-fraction` × `decay_iters`); the rate is
             `warmup_init + (lr - warmup_init) * step / warmup` for `step <= warmup`.
         decay_iters: step at which decay reaches `min_lr`.
-        style: `constant`, `linear` or `cosine` (`--lr-decay-style`).
+        style: `constant`, `linear`, `cosine` or `inverse-square-root` (`--lr-decay-style`; the last is
+            `max(min_lr, lr * sqrt(max(warmup, 1) / max(step, 1)))` after the warmup, in optimizer steps).
         warmup_init: rate the warmup starts from (`--lr-warmup-init`).
 
     Returns:
@@ -56,6 +58,8 @@ def lr_at_step(
         return lr
     if step > decay_iters:
         return min_lr
+    if style == "inverse-square-root":
+        return max(min_lr, lr * math.sqrt(max(warmup, 1)) / math.sqrt(max(step, 1)))
     # Here warmup < step <= decay_iters, so the span is positive (also where warmup >= decay_iters, which
     # megatron-core refuses: its rate there is --lr through the warmup, then --min-lr).
     frac = (step - warmup) / (decay_iters - warmup)
