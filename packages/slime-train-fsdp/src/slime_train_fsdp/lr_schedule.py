@@ -17,7 +17,7 @@ import torch
 
 from slime_core.config import SlimeArgs
 
-__all__ = ["build_lr_scheduler", "load_scheduler_state", "lr_at_step"]
+__all__ = ["build_lr_scheduler", "check_param_groups", "load_scheduler_state", "lr_at_step"]
 
 _STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 # The decay length's key in a saved schedule (kept as written: checkpoints compare by it).
@@ -149,6 +149,25 @@ def _schedule_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_param_groups(scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict[str, Any]) -> None:
+    """Refuses a saved schedule whose optimizer had another number of parameter groups than this run's.
+
+    Checkpoints saved before issue 27 pass 86 hold one AdamW group (weight decay on every parameter); this run's
+    optimizer has a decayed and an undecayed group (`trainer_parts.build_optimizer`). Unchecked, DCP's loader stops
+    on a missing `param_groups.1` key and the checkpoint is called damaged.
+
+    Raises:
+        ValueError: the counts differ (names `--load` and `--no-load-optim`).
+    """
+    saved, here = len(state.get("base_lrs", ())), len(scheduler.optimizer.param_groups)
+    if saved and saved != here:
+        raise ValueError(
+            f"--load: the checkpoint's optimizer has {saved} parameter group(s), this run's {here} (--weight-decay "
+            "skips biases and norms, as megatron-core, since issue 27 pass 86; a checkpoint saved before decayed "
+            "every parameter): resume it with --no-load-optim to start the optimizer and its schedule afresh"
+        )
+
+
 def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict[str, Any]) -> None:
     """Restores a scheduler and writes its current rate back into the optimizer's param groups.
 
@@ -162,10 +181,12 @@ def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: di
     state the checkpoint restores carries the saved ones.
 
     Raises:
-        ValueError: a flag of the schedule or of AdamW differs from the checkpoint's (each named with both values); a
+        ValueError: another number of optimizer parameter groups (`check_param_groups`); a flag of the schedule or of
+            AdamW differs from the checkpoint's (each named with both values); a
             checkpoint saved before the flags were stored is compared by `--lr` only (before the AdamW ones were: by
             the schedule's).
     """
+    check_param_groups(scheduler, state)
     wanted, wanted_lrs = getattr(scheduler, "slime_schedule", None), list(scheduler.base_lrs)
     saved, saved_lrs = state.get("slime_schedule"), list(state.get("base_lrs", wanted_lrs))
     hint = ""
