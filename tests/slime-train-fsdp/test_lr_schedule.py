@@ -15,8 +15,9 @@ _CONFIG = SlimeArgs.from_dict({"rollout_batch_size": 1, "num_rollout": 1})
 
 def test_warmup_then_linear_decay():
     kw = dict(lr=1.0, min_lr=0.1, warmup=2, decay_iters=6, style="linear")
-    # warmup: lr * (step + 1) / warmup; then linear from 1.0 to 0.1 over 4 steps; then flat.
-    expected = [0.5, 1.0, 1.0, 0.775, 0.55, 0.325, 0.1, 0.1]
+    # warmup (megatron-core's): lr * step / warmup up to step `warmup`; then linear from 1.0 to 0.1 over 4 steps; then
+    # flat.
+    expected = [0.0, 0.5, 1.0, 0.775, 0.55, 0.325, 0.1, 0.1]
     assert [lr_at_step(s, **kw) for s in range(8)] == pytest.approx(expected, abs=1e-12)
 
 
@@ -83,15 +84,18 @@ def _rates(args, steps):
 
 
 def test_warmup_fraction_and_init():
-    # 16 steps in the run; --lr-warmup-fraction 0.25 -> 4 warmup steps from --lr-warmup-init 0.2 to 1.0, then
-    # (as without warmup options) the first decay step at the peak and a linear decay over the remaining 12 steps.
+    # 16 steps in the run; --lr-warmup-fraction 0.25 -> 4 warmup steps from --lr-warmup-init 0.2 (step 0) to 1.0
+    # (step 4), then a linear decay over the remaining 12 steps.
     seen = _rates(_run_args(lr_warmup_fraction=0.25, lr_warmup_init=0.2), 6)
-    assert seen == pytest.approx([0.4, 0.6, 0.8, 1.0, 1.0, 1 - 1 / 12], abs=1e-12)
-    # The fraction is of --lr-decay-iters when given, rounded down: 0.6 * 4 -> 2 warmup steps, 2 decay steps.
-    assert _rates(_run_args(lr_warmup_fraction=0.6, lr_decay_iters=4), 4) == pytest.approx([0.5, 1.0, 1.0, 0.5])
+    assert seen == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1 - 1 / 12], abs=1e-12)
+    # The fraction is of --lr-decay-iters when given, not rounded (the original's Megatron): 0.6 * 4 -> 2.4 warmup
+    # steps, then the decay over the remaining 1.6: step 3 at 1 - 0.6 / 1.6.
+    assert _rates(_run_args(lr_warmup_fraction=0.6, lr_decay_iters=4), 4) == pytest.approx(
+        [0.0, 1 / 2.4, 2 / 2.4, 0.625], abs=1e-12
+    )
     # --lr-warmup-init also applies to --lr-warmup-iters.
     assert _rates(_run_args(lr_warmup_iters=2, lr_warmup_init=0.5, lr_decay_style="constant"), 3) == pytest.approx(
-        [0.75, 1.0, 1.0]
+        [0.5, 0.75, 1.0]
     )
 
 
@@ -163,8 +167,11 @@ def test_the_critics_own_warmup_steps_win_over_the_actors_warmup_fraction(critic
     from slime_core.critic import critic_config
 
     def first_lr(cfg):
+        """The rate of the second step (the first step of a warmup runs at --lr-warmup-init, 0, as megatron-core's)."""
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
-        build_lr_scheduler(optimizer, cfg)
+        scheduler = build_lr_scheduler(optimizer, cfg)
+        optimizer.step()
+        scheduler.step()
         return optimizer.param_groups[0]["lr"]
 
     actor = _CONFIG.model_copy(update={

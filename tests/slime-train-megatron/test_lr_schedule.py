@@ -39,6 +39,14 @@ def test_warmup_fraction_from_init_then_linear_decay_over_the_run():
     assert seen == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1 - 1 / 12, 1 - 2 / 12], abs=1e-12)
 
 
+def test_a_warmup_fraction_is_not_rounded():
+    # Issue 27 pass 86: 0.3 x 16 steps was rounded down to 4 warmup steps; the original's Megatron warms up over 4.8
+    # (`lr_warmup_fraction * lr_decay_steps`), so step 4 is still in the warmup and the decay spans 11.2 steps.
+    seen = _rates(_args(lr_warmup_fraction=0.3, lr_decay_style="linear"), 7)
+    expected = [k / 4.8 for k in range(5)] + [1 - (k - 4.8) / 11.2 for k in (5, 6)]
+    assert seen == pytest.approx(expected, abs=1e-12)
+
+
 def test_decay_style_applies_without_lr_decay_iters():
     # Previously a constant rate unless --lr-decay-iters was given; now the decay spans the run (16 steps).
     assert _rates(_args(lr_decay_style="cosine"), 9)[8] == pytest.approx(0.5, abs=1e-12)

@@ -59,7 +59,7 @@ from slime_core.dir_swap import prepare_staging, staging_dir, swap_in, write_tex
 from slime_core.error_text import first_rank_error, first_sentence
 from slime_train_fsdp.base_weights import weights_fingerprint
 from slime_train_fsdp.lora import is_adapter
-from slime_train_fsdp.lr_schedule import load_scheduler_state
+from slime_train_fsdp.lr_schedule import check_param_groups, load_scheduler_state
 
 logger = logging.getLogger(__name__)
 
@@ -282,6 +282,12 @@ def _read(
     differences = _parameter_differences(path / FSDP_MODEL_DIR, model_sd, frozenset(full_sd) - frozenset(model_sd))
     if differences:
         raise _OtherParameters(differences)
+    if load_optim and has_optim:
+        saved_schedule = torch.load(path / "scheduler.pt", weights_only=False)
+        try:
+            check_param_groups(scheduler, saved_schedule)  # before DCP, which would call the checkpoint damaged
+        except ValueError as e:
+            raise _OtherSchedule(str(e)) from None
     state = {"model": model_sd, "optim": optim_sd} if (load_optim and has_optim) else {"model": model_sd}
     dcp.load(state, checkpoint_id=str(path / FSDP_MODEL_DIR))
     partial = StateDictOptions(strict=len(model_sd) == len(full_sd))  # a LoRA model: the base stays as loaded
@@ -291,7 +297,6 @@ def _read(
     else:
         set_model_state_dict(model, state["model"], options=partial)
     if load_optim and has_optim:
-        saved_schedule = torch.load(path / "scheduler.pt", weights_only=False)
         try:
             load_scheduler_state(scheduler, saved_schedule)
         except ValueError as e:

@@ -1,8 +1,9 @@
 """Megatron-style learning-rate schedule counted in optimizer steps.
 
 Linear warmup from `--lr-warmup-init` (0) to `--lr` over `--lr-warmup-iters` steps (or
-`--lr-warmup-fraction` × `decay_iters`, rounded down), then decay to `--min-lr` over the remaining
-`decay_iters - warmup` steps (`--lr-decay-style` constant | linear | cosine), then flat at `--min-lr`.
+`--lr-warmup-fraction` × `decay_iters`, not rounded, as the original's Megatron), then decay to `--min-lr` over the
+remaining `decay_iters - warmup` steps (`--lr-decay-style` constant | linear | cosine | inverse-square-root), then
+flat at `--min-lr`: megatron-core's `OptimizerParamScheduler.get_lr`.
 `decay_iters` is `--lr-decay-iters` when set, else the run's total optimizer steps
 `num_rollout * rollout_batch_size * n_samples_per_prompt // global_batch_size`.
 """
@@ -16,25 +17,31 @@ import torch
 
 from slime_core.config import SlimeArgs
 
-__all__ = ["build_lr_scheduler", "load_scheduler_state", "lr_at_step"]
+__all__ = ["build_lr_scheduler", "check_param_groups", "load_scheduler_state", "lr_at_step"]
 
-_STYLES = ("constant", "linear", "cosine")
+_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 # The decay length's key in a saved schedule (kept as written: checkpoints compare by it).
 _RUN_LENGTH = "--lr-decay-iters (or the run's length)"
 
 
 def lr_at_step(
-    step: int, *, lr: float, min_lr: float, warmup: int, decay_iters: int, style: str, warmup_init: float = 0.0
+    step: int, *, lr: float, min_lr: float, warmup: float, decay_iters: int, style: str, warmup_init: float = 0.0
 ) -> float:
-    """Learning rate used by optimizer step `step` (0-based).
+    """Learning rate used by optimizer step `step` (0-based): megatron-core's `OptimizerParamScheduler.get_lr`.
+
+    megatron-core sets the rate of a step before it (the scheduler is built at step 0 and stepped after each
+    optimizer step), so step `k` of a warmup uses `warmup_init + (lr - warmup_init) * k / warmup`: the first step
+    runs at `warmup_init` and step `warmup` at `lr` (`megatron/core/optimizer_param_scheduler.py`).
 
     Args:
         step: number of optimizer steps already taken.
         lr: peak rate (`--lr`).
         min_lr: floor after decay (`--min-lr`).
-        warmup: warmup steps; the rate is `warmup_init + (lr - warmup_init) * (step + 1) / warmup` during warmup.
+        warmup: warmup steps (may be fractional: `--lr-warmup-fraction` × `decay_iters`); the rate is
+            `warmup_init + (lr - warmup_init) * step / warmup` for `step <= warmup`.
         decay_iters: step at which decay reaches `min_lr`.
-        style: `constant`, `linear` or `cosine` (`--lr-decay-style`).
+        style: `constant`, `linear`, `cosine` or `inverse-square-root` (`--lr-decay-style`; the last is
+            `max(min_lr, lr * sqrt(max(warmup, 1) / max(step, 1)))` after the warmup, in optimizer steps).
         warmup_init: rate the warmup starts from (`--lr-warmup-init`).
 
     Returns:
@@ -45,12 +52,17 @@ def lr_at_step(
     """
     if style not in _STYLES:
         raise ValueError(f"--lr-decay-style must be one of {_STYLES}, got {style!r}")
-    if warmup > 0 and step < warmup:
-        return warmup_init + (lr - warmup_init) * (step + 1) / warmup
+    if warmup > 0 and step <= warmup:
+        return warmup_init + (lr - warmup_init) * step / warmup
     if style == "constant":
         return lr
-    span = max(decay_iters - warmup, 1)
-    frac = min(max(step - warmup, 0) / span, 1.0)
+    if step > decay_iters:
+        return min_lr
+    if style == "inverse-square-root":
+        return max(min_lr, lr * math.sqrt(max(warmup, 1)) / math.sqrt(max(step, 1)))
+    # Here warmup < step <= decay_iters, so the span is positive (also where warmup >= decay_iters, which
+    # megatron-core refuses: its rate there is --lr through the warmup, then --min-lr).
+    frac = (step - warmup) / (decay_iters - warmup)
     if style == "linear":
         coeff = 1.0 - frac
     else:
@@ -65,14 +77,16 @@ def _decay_iters(cfg: SlimeArgs) -> int:
     return total or 1
 
 
-def _warmup_iters(cfg: SlimeArgs, decay_iters: int) -> int:
+def _warmup_iters(cfg: SlimeArgs, decay_iters: int) -> float:
     fraction = cfg.lr_warmup_fraction
     iters = cfg.lr_warmup_iters
     if fraction is None:
         return iters
     if iters:
         raise ValueError("give only one of --lr-warmup-iters and --lr-warmup-fraction")
-    return int(float(fraction) * decay_iters)  # Megatron: a fraction of the decay steps
+    # The original's Megatron: `lr_warmup_fraction * lr_decay_steps`, a float (rounding down started the decay up to a
+    # step early and reached --lr a step sooner than megatron-core does).
+    return float(fraction) * decay_iters
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: SlimeArgs) -> torch.optim.lr_scheduler.LambdaLR:
@@ -135,6 +149,25 @@ def _schedule_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_param_groups(scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict[str, Any]) -> None:
+    """Refuses a saved schedule whose optimizer had another number of parameter groups than this run's.
+
+    Checkpoints saved before issue 27 pass 86 hold one AdamW group (weight decay on every parameter); this run's
+    optimizer has a decayed and an undecayed group (`trainer_parts.build_optimizer`). Unchecked, DCP's loader stops
+    on a missing `param_groups.1` key and the checkpoint is called damaged.
+
+    Raises:
+        ValueError: the counts differ (names `--load` and `--no-load-optim`).
+    """
+    saved, here = len(state.get("base_lrs", ())), len(scheduler.optimizer.param_groups)
+    if saved and saved != here:
+        raise ValueError(
+            f"--load: the checkpoint's optimizer has {saved} parameter group(s), this run's {here} (--weight-decay "
+            "skips biases and norms, as megatron-core, since issue 27 pass 86; a checkpoint saved before decayed "
+            "every parameter): resume it with --no-load-optim to start the optimizer and its schedule afresh"
+        )
+
+
 def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict[str, Any]) -> None:
     """Restores a scheduler and writes its current rate back into the optimizer's param groups.
 
@@ -148,10 +181,12 @@ def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: di
     state the checkpoint restores carries the saved ones.
 
     Raises:
-        ValueError: a flag of the schedule or of AdamW differs from the checkpoint's (each named with both values); a
+        ValueError: another number of optimizer parameter groups (`check_param_groups`); a flag of the schedule or of
+            AdamW differs from the checkpoint's (each named with both values); a
             checkpoint saved before the flags were stored is compared by `--lr` only (before the AdamW ones were: by
             the schedule's).
     """
+    check_param_groups(scheduler, state)
     wanted, wanted_lrs = getattr(scheduler, "slime_schedule", None), list(scheduler.base_lrs)
     saved, saved_lrs = state.get("slime_schedule"), list(state.get("base_lrs", wanted_lrs))
     hint = ""

@@ -40,6 +40,10 @@ def build_optimizer(
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """Freezes `--*-params-name-list` and `frozen`, then builds AdamW (`--lr`, `--adam-*`) and the LR schedule.
 
+    `--weight-decay` applies to the matrices only, as megatron-core's default parameter groups
+    (`megatron/core/optimizer/__init__.py`): biases (names ending `.bias`) and 1-D parameters (norm weights) get
+    none; embeddings and the output layer get it. Group 0 decays, group 1 does not (either may be absent).
+
     Args:
         model: the FSDP2-sharded module.
         cfg: the run (or critic) config.
@@ -54,8 +58,13 @@ def build_optimizer(
     for name, param in model.named_parameters():
         if name in frozen:
             param.requires_grad_(False)  # FSDP2 then neither computes nor reduce-scatters its gradient
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if _skips_weight_decay(name, param) else decay).append(param)
+    groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
+        [group for group in groups if group["params"]],
         lr=float(cfg.lr),
         betas=(float(cfg.adam_beta1), float(cfg.adam_beta2)),
         eps=float(cfg.adam_eps),
@@ -64,6 +73,11 @@ def build_optimizer(
         fused=(device.type == "cuda" and not cfg.fsdp_cpu_offload) or None,
     )
     return optimizer, build_lr_scheduler(optimizer, cfg)
+
+
+def _skips_weight_decay(name: str, param: torch.Tensor) -> bool:
+    """megatron-core's default: no weight decay on biases and 1-D parameters (norms); `shape` is the global one."""
+    return name.endswith(".bias") or len(param.shape) == 1
 
 
 def clip_and_step(

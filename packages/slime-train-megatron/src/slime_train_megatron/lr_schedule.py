@@ -2,8 +2,8 @@
 
 Steps are optimizer steps. Decay runs over `--lr-decay-iters`, else over the whole run
 (`num_rollout * rollout_batch_size * n_samples_per_prompt // global_batch_size`, the original's `train_iters`);
-the warmup is `--lr-warmup-iters` or `--lr-warmup-fraction` × the decay steps (rounded down), starting from
-`--lr-warmup-init`. megatron-core's warmup convention: optimizer step `k` (0-based) uses
+the warmup is `--lr-warmup-iters` or `--lr-warmup-fraction` × the decay steps (not rounded, as the original),
+starting from `--lr-warmup-init`. megatron-core's warmup convention: optimizer step `k` (0-based) uses
 `init + (lr - init) * k / warmup` for `k <= warmup`.
 """
 
@@ -47,7 +47,8 @@ def build_lr_scheduler(optimizer: Any, s: MegatronSettings, cfg: SlimeArgs) -> O
     if s.lr_warmup_fraction is not None:
         if warmup:
             raise ValueError("give only one of --lr-warmup-iters and --lr-warmup-fraction")
-        warmup = int(s.lr_warmup_fraction * decay)
+        # Not rounded: the original's `lr_warmup_fraction * lr_decay_steps` (0.25 x 30 = 7.5 steps, not 7).
+        warmup = s.lr_warmup_fraction * decay
     style = s.lr_decay_style
     if style == "constant" and not s.lr_decay_iters and s.lr_warmup_fraction is None:
         # No rate depends on it: not the run's length, which a resume with more --num-rollout changes (and the

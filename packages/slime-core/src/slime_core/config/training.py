@@ -157,7 +157,7 @@ class OptimizerArgs(ArgsGroup):
     lr_decay_iters: int | None = arg(None, "Decay iterations (default: all training steps).", ge=1)
     lr_warmup_iters: int = arg(0, "Warmup steps.", ge=0)
     lr_warmup_fraction: float | None = arg(
-        None, "Warmup as a fraction of the decay steps (rounded down; exclusive with --lr-warmup-iters).", ge=0, le=1
+        None, "Warmup as a fraction of the decay steps (not rounded; exclusive with --lr-warmup-iters).", ge=0, le=1
     )
     lr_warmup_init: float = arg(0.0, "Learning rate the warmup starts from.", ge=0)
     optimizer: Literal["adam", "sgd"] = arg(
