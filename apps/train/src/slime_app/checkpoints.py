@@ -291,7 +291,6 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
 
         cfg = resolve_config(cfg, convert=False)[0]
     saved = step_dir / "scheduler.pt"
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=float(cfg.lr))
     try:
         state = torch.load(saved, weights_only=False)
     except Exception as e:  # noqa: BLE001 - a truncated file: torch raises RuntimeError/EOFError/UnpicklingError
@@ -301,6 +300,12 @@ def _check_fsdp_schedule(cfg: SlimeArgs, root: pathlib.Path) -> None:
             f"it was damaged after it was written (a partial copy, a crash before it reached the disk); "
             f"{_recovery_hint(root, exclude=step_dir.name)}"
         ) from None
+    # As many parameter groups as the checkpoint's optimizer had: the group layout depends on the model (decayed
+    # matrices, undecayed biases and norms), which only the trainer's own load checks; here the schedule's flags are.
+    groups = max(1, len(state.get("base_lrs", ()))) if isinstance(state, dict) else 1
+    optimizer = torch.optim.SGD(
+        [{"params": [torch.nn.Parameter(torch.zeros(1))]} for _ in range(groups)], lr=float(cfg.lr)
+    )
     try:
         load_scheduler_state(build_lr_scheduler(optimizer, cfg), state)
     except ValueError as e:
