@@ -47,19 +47,16 @@ def _megatron_rates(flags: dict, train_iters: int) -> list[tuple[float, float]]:
     return out
 
 
+def _cfg(flags: dict, num_rollout: int):
+    """The run's config: one prompt per sample, `_GBS` samples a step, `flags` on top."""
+    update = {"num_rollout": num_rollout, "rollout_batch_size": _GBS, "n_samples_per_prompt": 1,
+              "global_batch_size": _GBS, "lr_decay_iters": None, "lr_warmup_fraction": None, **flags}  # fmt: skip
+    return _CONFIG.model_copy(update=update)
+
+
 def _ours(flags: dict, num_rollout: int) -> list[tuple[float, float]]:
     """`(lr, weight decay)` of the FSDP trainer's decayed group before each of `_STEPS` optimizer steps."""
-    cfg = _CONFIG.model_copy(
-        update={
-            "num_rollout": num_rollout,
-            "rollout_batch_size": _GBS,
-            "n_samples_per_prompt": 1,
-            "global_batch_size": _GBS,
-            "lr_decay_iters": None,
-            "lr_warmup_fraction": None,
-            **flags,
-        }  # fmt: skip
-    )
+    cfg = _cfg(flags, num_rollout)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3))
     optimizer, scheduler = build_optimizer(model, cfg, torch.device("cpu"))
@@ -164,17 +161,7 @@ def test_a_resume_from_load_continues_the_schedule_and_the_weight_decay_groups(t
     from slime_train_fsdp.checkpoint import load_checkpoint, save_checkpoint
 
     flags = {"lr": 1e-6, "min_lr": 1e-7, "lr_decay_style": "cosine", "lr_warmup_iters": 5, "weight_decay": 0.1}
-    cfg = _CONFIG.model_copy(
-        update={
-            "num_rollout": 30,
-            "rollout_batch_size": _GBS,
-            "n_samples_per_prompt": 1,
-            "global_batch_size": _GBS,
-            "lr_decay_iters": None,
-            "lr_warmup_fraction": None,
-            **flags,
-        }  # fmt: skip
-    )
+    cfg = _cfg(flags, 30)
     expected = [lr for lr, _ in _megatron_rates(flags, train_iters=30)]
 
     def parts():
