@@ -5,6 +5,7 @@ before any test module is imported (pytest runs with `--import-mode=importlib`, 
 """
 
 import importlib.util
+import json
 import pathlib
 import sys
 from collections.abc import Callable
@@ -68,3 +69,22 @@ def cli_without_ray() -> Callable:
     """`cli_without_ray(argv) -> CompletedProcess`: `slime_app.cli.main(argv)` in a fresh process where any start of
     Ray raises, so a test shows that a refusal came before Ray (text output, 300 s timeout, `RAY_ADDRESS` unset)."""
     return _cli_without_ray
+
+
+_FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture
+def qwen3_4b_stub(tmp_path, stub_weights) -> pathlib.Path:
+    """A Qwen3-4B checkpoint folder with the real config.json and tokenizer and stub weights (`--dry-run` tests)."""
+    out = tmp_path / "Qwen3-4B"
+    out.mkdir()
+    stub_weights(out)
+    config = json.loads((_FIXTURES / "hf-configs" / "Qwen3-4B.json").read_text())
+    # As the released checkpoint's config.json (4.51.0): without it transformers takes a local tokenizer for a
+    # possible Mistral one and warns on stderr when the prompt-length limit loads it.
+    config.setdefault("transformers_version", "4.51.0")
+    (out / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_bytes((_FIXTURES / "qwen3-tokenizer" / name).read_bytes())
+    return out
