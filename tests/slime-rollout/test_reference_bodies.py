@@ -5,8 +5,10 @@ from typing import ClassVar
 
 import pytest
 
-from slime_rollout.engines import wire
-from slime_rollout.engines.reference.routes import bodies
+pytest.importorskip("fastapi", reason="the reference engine's HTTP app needs fastapi (absent on the GPU trainer path)")
+
+from slime_rollout.engines import wire  # noqa: E402
+from slime_rollout.engines.reference.routes import bodies  # noqa: E402
 
 WIRE_RECORDS = [
     wire.UpdateWeightsFromDiskReq,

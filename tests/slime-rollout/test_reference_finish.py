@@ -16,12 +16,14 @@ from __future__ import annotations
 import types
 
 import pytest
-from fastapi.testclient import TestClient
 
-from slime_core.sample import Status, status_from_finish_reason
-from slime_rollout.engines.reference.finish import extra_stop_token_ids
-from slime_rollout.engines.reference.model import ReferenceModel
-from slime_rollout.engines.reference.server import build_app
+pytest.importorskip("fastapi", reason="the reference engine's HTTP app needs fastapi (absent on the GPU trainer path)")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from slime_core.sample import Status, status_from_finish_reason  # noqa: E402
+from slime_rollout.engines.reference.finish import extra_stop_token_ids  # noqa: E402
+from slime_rollout.engines.reference.model import ReferenceModel  # noqa: E402
+from slime_rollout.engines.reference.server import build_app  # noqa: E402
 
 PROMPT = [785, 4226, 374, 220, 17, 10, 17, 28]  # "The answer to 2+2=", as recorded
 EOS = 151645  # <|im_end|>: the tiny model's eos and the tokenizer's

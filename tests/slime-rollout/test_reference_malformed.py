@@ -18,17 +18,19 @@ import typing
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union  # noqa: UP035 - SGLang's spelling
 
 import pytest
-import torch
-from fastapi import Body, FastAPI
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from fastapi.testclient import TestClient
-from pydantic import PlainValidator
-from pydantic_core import core_schema
 
-from slime_rollout.engines.reference.model import ReferenceModel
-from slime_rollout.engines.reference.server import build_app
-from slime_rollout.engines.wire import serialize_named_tensors
+pytest.importorskip("fastapi", reason="the reference engine's HTTP app needs fastapi (absent on the GPU trainer path)")
+import torch  # noqa: E402
+from fastapi import Body, FastAPI  # noqa: E402
+from fastapi.exceptions import RequestValidationError  # noqa: E402
+from fastapi.responses import JSONResponse  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+from pydantic import PlainValidator  # noqa: E402
+from pydantic_core import core_schema  # noqa: E402
+
+from slime_rollout.engines.reference.model import ReferenceModel  # noqa: E402
+from slime_rollout.engines.reference.server import build_app  # noqa: E402
+from slime_rollout.engines.wire import serialize_named_tensors  # noqa: E402
 
 
 class _Struct:

@@ -1,9 +1,12 @@
 """The reference engine's app as assembled from its route groups (`engines/reference/routes/`)."""
 
-from fastapi.testclient import TestClient
+import pytest
 
-from slime_rollout.engines.reference.model import ReferenceModel
-from slime_rollout.engines.reference.server import build_app
+pytest.importorskip("fastapi", reason="the reference engine's HTTP app needs fastapi (absent on the GPU trainer path)")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from slime_rollout.engines.reference.model import ReferenceModel  # noqa: E402
+from slime_rollout.engines.reference.server import build_app  # noqa: E402
 
 # SGLang 0.5.16's routes the engine serves (tests/fixtures/sglang-wire/README.md), with their methods.
 SGLANG_ROUTES = {

@@ -8,11 +8,13 @@ import json
 import pathlib
 
 import pytest
-from fastapi.testclient import TestClient
 
-from slime_rollout.engines.reference.__main__ import parse_args
-from slime_rollout.engines.reference.model import ReferenceModel
-from slime_rollout.engines.reference.server import build_app
+pytest.importorskip("fastapi", reason="the reference engine's HTTP app needs fastapi (absent on the GPU trainer path)")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from slime_rollout.engines.reference.__main__ import parse_args  # noqa: E402
+from slime_rollout.engines.reference.model import ReferenceModel  # noqa: E402
+from slime_rollout.engines.reference.server import build_app  # noqa: E402
 
 _RECORDED = pathlib.Path(__file__).parents[1] / "fixtures" / "sglang-wire" / "text.json"
 

@@ -14,13 +14,15 @@ import math
 import time
 
 import pytest
-import torch
-from fastapi.testclient import TestClient
 
-from slime_rollout.engines.reference.logits import adjust_logits
-from slime_rollout.engines.reference.model import ReferenceModel
-from slime_rollout.engines.reference.sampling import SamplingParams
-from slime_rollout.engines.reference.server import build_app
+pytest.importorskip("fastapi", reason="the reference engine's HTTP app needs fastapi (absent on the GPU trainer path)")
+import torch  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from slime_rollout.engines.reference.logits import adjust_logits  # noqa: E402
+from slime_rollout.engines.reference.model import ReferenceModel  # noqa: E402
+from slime_rollout.engines.reference.sampling import SamplingParams  # noqa: E402
+from slime_rollout.engines.reference.server import build_app  # noqa: E402
 
 PROMPT = [785, 4226, 374, 220, 17, 10, 17, 28]  # "The answer to 2+2=", as recorded
 EOS = 151645  # <|im_end|>, the tiny model's eos (tests/conftest.py QWEN3_SPECIAL_IDS)
