@@ -406,11 +406,16 @@ def test_freeze_and_only_train_param_lists(loss_types):
     assert trained and len(trained) < len(loss_types["only_train"])
 
 
-def _assert_compiled_once_per_grad_mode(res: dict) -> None:
+def _assert_compiled_once_per_grad_mode(res: dict, *, head_graphs: bool = False) -> None:
     # One graph for the no-grad forward and one for forward+backward, whatever the micro-batch's sequence count:
     # a guard on the count recompiled every layer for each new count (8 times, then eager), issue 26.
+    # On CUDA the fused log-prob head's elementwise functions are compiled too (`fused_head`, CUDA only) and add
+    # their graphs to dynamo's one global count: there the count is fixed after the first rollout, not 2.
     assert len(res["sequence_counts"]) >= 5
-    assert res["graphs"] == [2] * len(res["graphs"]), res
+    if head_graphs:
+        assert res["graphs"][0] >= 2 and res["graphs"] == [res["graphs"][0]] * len(res["graphs"]), res
+    else:
+        assert res["graphs"] == [2] * len(res["graphs"]), res
     assert res["frames"][-1] == res["frames"][0], res
     # The warm-up is reported where it happens (the first train() compiles the grad-mode graph), then never.
     assert res["compile_time"][0] > 0 and res["compile_time"][1:] == [None] * (len(res["compile_time"]) - 1)
@@ -424,4 +429,4 @@ def test_compiled_layers_do_not_recompile_for_new_sequence_counts(tiny_ckpt, tmp
 def test_compiled_layers_do_not_recompile_on_gpu(tiny_ckpt, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    _assert_compiled_once_per_grad_mode(launch_subprocesses("compile_gpu", 1, tmp_path, tiny_ckpt)[0])
+    _assert_compiled_once_per_grad_mode(launch_subprocesses("compile_gpu", 1, tmp_path, tiny_ckpt)[0], head_graphs=True)
