@@ -33,12 +33,14 @@ def _inputs(dtype=torch.float32, scale: float = 1.0, seed: int = 0):
     return hidden, weight, targets, a, b
 
 
-def _run(head, hidden, weight, targets, a, b, *, temperature=0.7, chunk_size=8, with_entropy=True, kept=None):
+def _run(
+    head, hidden, weight, targets, a, b, *, temperature=0.7, chunk_size=8, with_entropy=True, kept=None, compiled=False
+):
     """Values and gradients of `Σ a·logp + Σ b·H` (b unused without entropy; a None: the entropy term alone)."""
     h = hidden.clone().requires_grad_()
     w = weight.clone().requires_grad_()
     logp, ent = head_log_probs(h, w, targets, temperature=temperature, chunk_size=chunk_size,
-                               with_entropy=with_entropy, head=head, kept=kept)  # fmt: skip
+                               with_entropy=with_entropy, head=head, kept=kept, compiled=compiled)  # fmt: skip
     loss = ent.sum() * 0 if a is None else (logp * a).sum()
     if with_entropy:
         loss = loss + (ent * b).sum()
@@ -198,7 +200,8 @@ def test_compiled_fused_head_on_cuda_matches_fp32out():
     targets = torch.randint(0, vocab, (rows,), generator=g).cuda()
     a, b = torch.randn(rows, generator=g).cuda(), torch.randn(rows, generator=g).cuda()
     for temperature in (1.0, 0.7):
-        got = _run("fused", hidden, weight, targets, a, b, temperature=temperature, chunk_size=128)
+        # `compiled=True` is what the FSDP backend passes on CUDA with compiled layers (`ForwardOptions.compile_head`).
+        got = _run("fused", hidden, weight, targets, a, b, temperature=temperature, chunk_size=128, compiled=True)
         ref = _run("fp32out", hidden, weight, targets, a, b, temperature=temperature, chunk_size=128)
         assert _err(got[0], ref[0]) <= 1e-5 and _err(got[1], ref[1]) <= 1e-5
         for grad, expected in zip(got[2:], ref[2:], strict=True):
