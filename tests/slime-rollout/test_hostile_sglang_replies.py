@@ -504,3 +504,23 @@ async def test_a_weight_version_in_neither_reply_names_the_engine(http_server, o
             await engine.get_weight_version()
     finally:
         await engine.aclose()
+
+
+async def test_with_fault_tolerance_a_503_is_retried_within_the_recovery_timeout_and_said(http_server, caplog):
+    """`--use-fault-tolerance`: a 503 goes to a serving engine (again this one, the only one) until
+    `--rollout-engine-recovery-timeout`; before, those retries were silent until the final error."""
+    from slime_rollout.engines.pool import NoHealthyEngineError
+
+    url = await _serve_json(http_server, {"error": {"message": "overloaded"}}, status=503)
+    client = RolloutClient([url], failover=True, recovery_timeout=1.0, slow_warning_s=60.0)
+    caplog.set_level("WARNING", logger="slime_rollout.engines.pool")
+    try:
+        with pytest.raises(NoHealthyEngineError, match=r"for 1s \(--rollout-engine-recovery-timeout\)"):
+            await asyncio.wait_for(client.generate({"input_ids": PROMPT}), 30)
+    finally:
+        await client.aclose()
+    said = [r.getMessage() for r in caplog.records if r.name == "slime_rollout.engines.pool"]
+    assert len(said) == 1, said  # one line per engine per half warning interval, not one per retry
+    assert said[0].startswith(f"engine {url}/generate failed (HTTP 503): ")
+    assert "the request goes to a serving engine (--use-fault-tolerance)" in said[0]
+    assert client.pool.stats.requeued_requests >= 2

@@ -348,6 +348,10 @@ class EnginePool:
         except EngineError as exc:
             if not (self.failover and exc.unavailable):  # 502/503/504 too, as through the router
                 raise
+            # Said (once per half warning interval per engine): a request re-queued again and again until the
+            # recovery timeout was silent for those 10 minutes.
+            said = " ".join(str(exc).split())
+            self._warn_slow(slot, f"{said}; the request goes to a serving engine (--use-fault-tolerance)")
             self._count_requeue(start)
             if slot.state is EngineState.SERVING and self.on_suspect is not None:
                 self.on_suspect(slot.index)
