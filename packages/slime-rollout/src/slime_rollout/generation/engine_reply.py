@@ -5,7 +5,8 @@ SGLang answers `{"text", "output_ids", "meta_info": {"output_token_logprobs": [[
 unchecked reply failed far from its cause: `'str' object has no attribute 'get'` naming neither the engine reply nor
 the sample, or worse, it passed: a NaN log-prob poisoned the importance weights of a whole step, a negative or
 fractional token id (-7, 5.7 read as 5) reached the trainer's embedding. `parse_generate_reply` is the one reader
-for the default generate, the multi-turn generate and the agent adapter.
+for the default generate, the multi-turn generate and the agent adapter; `finish_status` reads the finish reason, which
+SGLang always sends. Both name the engine that answered when the caller knows it (`engines.pool.answering_engine`).
 """
 
 from __future__ import annotations
