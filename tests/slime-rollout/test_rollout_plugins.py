@@ -211,7 +211,8 @@ class DyingEngineClient(FakeClient):
 
 async def test_an_engine_dying_mid_rollout_raises_its_own_error_and_leaves_nothing_running(use_client, caplog):
     client = use_client(DyingEngineClient())
-    with pytest.raises(EngineError, match=r"^engine http://e:1/generate failed: unreachable"):  # was: the abort's
+    # The engine's error names the sample it served (was: the abort's error)
+    with pytest.raises(EngineError, match=r"^engine http://e:1/generate failed for sample \d+: unreachable"):
         await generate_rollout_async(_args(), 0, ListDataSource(n=2))
     # The failed abort cancelled the requests still waiting on the dead engine (was: they ran on, never drained).
     assert client.abort_calls == 1 and client.cancelled == 2

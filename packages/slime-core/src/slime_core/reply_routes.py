@@ -26,7 +26,7 @@ from slime_core.routing_replay import (
     moe_shape,
     validate_routes,
 )
-from slime_core.sample import Sample
+from slime_core.sample import Sample, Status, status_from_finish_reason
 
 __all__ = ["ROUTED_EXPERTS_REQUEST", "attach_routed_experts", "wants_routed_experts"]
 
@@ -63,14 +63,16 @@ def attach_routed_experts(args: Any, sample: Sample, meta_info: Mapping[str, Any
 
     Raises:
         ValueError: the reply lacks the routes (an engine without `--enable-return-routed-experts`), they do not
-            cover `len(sample.tokens) - 1` tokens of `num_hidden_layers × num_experts_per_tok`, or they hold another
-            top-k than `--hf-checkpoint`'s (named as such).
+            cover `len(sample.tokens) - 1` tokens of `num_hidden_layers × num_experts_per_tok`, they hold another
+            top-k than `--hf-checkpoint`'s (named as such), or are not int32 values (a JSON object, text that is not
+            base64).
     """
     if not wants_routed_experts(args):
         return
     value = meta_info.get(ROUTED_EXPERTS_KEY)
     if value is None:
-        if (meta_info.get("finish_reason") or {}).get("type") == "abort":
+        # Not `(finish_reason or {}).get("type")`: a finish reason that is no object was a bare AttributeError.
+        if status_from_finish_reason(meta_info.get("finish_reason")) is Status.ABORTED:
             sample.rollout_routed_experts = None  # aborted: regenerated (partial rollout) or dropped, never trained
             return
         raise ValueError(

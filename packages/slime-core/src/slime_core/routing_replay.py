@@ -109,7 +109,8 @@ def int32_values(value: Any, *, what: str) -> torch.Tensor:
     """`value` as a flat int32 CPU tensor: base64 text or bytes of little-endian int32, a tensor, array or list.
 
     Raises:
-        ValueError: base64 text that is not valid, or bytes whose length is not a multiple of 4 (names `what`).
+        ValueError: base64 text that is not valid, bytes whose length is not a multiple of 4, or a value torch cannot
+            read as int32 (a ragged list, an object; names `what`).
     """
     if isinstance(value, str):
         try:
@@ -125,7 +126,11 @@ def int32_values(value: Any, *, what: str) -> torch.Tensor:
         )
     if torch.is_tensor(value):
         return value.detach().to(device="cpu", dtype=torch.int32).reshape(-1)
-    return torch.as_tensor(value, dtype=torch.int32).reshape(-1)
+    try:
+        return torch.as_tensor(value, dtype=torch.int32).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as e:
+        # A ragged list, text or an object: torch's "Could not infer dtype of dict" named neither field nor sample.
+        raise ValueError(f"{what} is {type(value).__name__}, not base64 int32 or a list of ints ({e})") from None
 
 
 def decode_routed_experts(value: Any, *, num_layers: int, topk: int, what: str = "reply") -> torch.Tensor:

@@ -58,8 +58,9 @@ from typing import Any
 import jinja2
 from aiohttp import web
 
+from slime_core.error_text import preview
 from slime_core.lone_surrogates import first_lone_surrogate
-from slime_core.sample import Sample
+from slime_core.sample import Sample, Status
 from slime_rollout.agent.openai_wire import (
     ChatRequest,
     RequestError,
@@ -73,9 +74,9 @@ from slime_rollout.agent.stops import call_stops, cut_at_stop, stop_strings
 from slime_rollout.agent.token_bytes import token_bytes
 from slime_rollout.agent.trajectory import AgentSession, TurnRecord
 from slime_rollout.engines.client import EngineClient
-from slime_rollout.engines.pool import NoHealthyEngineError
+from slime_rollout.engines.pool import NoHealthyEngineError, answering_engine, note_answering_engine
 from slime_rollout.engines.transport import EngineError
-from slime_rollout.generation.engine_reply import parse_generate_reply
+from slime_rollout.generation.engine_reply import finish_status, parse_generate_reply
 from slime_rollout.generation.seeds import continuation_seed
 from slime_rollout.runtime.deadlines import backstop_timeout_s
 
@@ -383,6 +384,7 @@ class OpenAIAdapter:
         }
         task = asyncio.current_task()
         session.inflight.add(task)
+        note_answering_engine(None)
         try:
             reply = await asyncio.wait_for(self.client.generate(payload), timeout=self.request_timeout_s)
         except TimeoutError:
@@ -412,7 +414,7 @@ class OpenAIAdapter:
                 session.num_unanswered,
             )
             return _error(499, "the client closed the connection", kind="server_error")
-        return self._reply(session, chat, plan, reply)
+        return self._reply(session, chat, plan, reply, rid=payload["rid"])
 
     def _sampling_params(self, session: AgentSession, chat: ChatRequest, num_prompt_tokens: int) -> dict[str, Any]:
         params = dict(session.sampling_defaults)
@@ -433,12 +435,20 @@ class OpenAIAdapter:
         params.update(skip_special_tokens=False, no_stop_trim=True, spaces_between_special_tokens=False)
         return params
 
-    def _reply(self, session: AgentSession, chat: ChatRequest, plan: Any, reply: Any) -> web.Response:
+    def _reply(self, session: AgentSession, chat: ChatRequest, plan: Any, reply: Any, *, rid: str) -> web.Response:
+        what = f"session {session.session_id}"
         try:
-            ids, log_probs, meta = parse_generate_reply(reply, what=f"session {session.session_id}")
+            engine = answering_engine()
+            ids, log_probs, meta = parse_generate_reply(reply, what=what, engine=engine)
+            status = finish_status(meta, what=what, engine=engine)
+            if meta.get("id") is not None and meta["id"] != rid:
+                # SGLang answers a request under its own rid (tokenizer_manager.py: `"id": rid`): another id is
+                # another request's reply (a proxy mixing connections up), and recording it trains the wrong turn.
+                by = f"engine {engine}/generate" if engine else "the engine"
+                raise ValueError(f"{what}: {by} answered rid {rid!r} with the reply of rid {preview(meta['id'])}")
         except ValueError as e:
             return _error(502, str(e), kind="server_error")
-        finish = (meta.get("finish_reason") or {}).get("type")
+        finish = {Status.ABORTED: "abort", Status.TRUNCATED: "length"}.get(status, "stop")
         if finish == "abort":
             # An abort (weight update, the rollout's surplus, shutdown) is not the model's answer: not recorded, the
             # agent may retry (the openai SDK retries a 503). Counted, so the generate function can tell an episode

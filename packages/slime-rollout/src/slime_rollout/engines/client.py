@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from slime_core.lora import LORA_NAME
 from slime_rollout.engines.engine_client import EngineClient
 from slime_rollout.engines.open_files import ensure_open_files
-from slime_rollout.engines.pool import EnginePool, EngineState
+from slime_rollout.engines.pool import EnginePool, EngineState, note_answering_engine
 from slime_rollout.engines.transport import DEFAULT_TIMEOUT_S, EngineError, EngineResponse
 from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline, backstop_timeout_s
 
@@ -152,13 +152,15 @@ class RolloutClient:
         deadline = asyncio.get_running_loop().time() + self.pool.recovery_timeout_s
         while True:
             try:
-                return await await_with_deadline(
+                reply = await await_with_deadline(
                     self.router.generate(payload, timeout=backstop_timeout_s(self.generate_timeout)),
                     what=f"/generate through the router {self.router.url}",
                     deadline_s=self.generate_timeout,
                     flag="--sglang-router-request-timeout-secs",
                     warn_every_s=self.pool.slow_warning_s,
                 )
+                note_answering_engine(self.router.url)
+                return reply
             except DeadlineExceeded as exc:
                 raise EngineError(self.router.url, "/generate", str(exc), unreachable=True) from None
             except EngineError as exc:

@@ -11,6 +11,7 @@ import asyncio
 import time
 from typing import Any
 
+from slime_core.error_text import preview
 from slime_rollout.engines import wire
 from slime_rollout.engines.probe import ProbeResult, probe
 from slime_rollout.engines.transport import EngineError, HttpEndpoint
@@ -235,11 +236,21 @@ class EngineClient(HttpEndpoint):
 
         SGLang 0.5.16 answers 404 on the older `/get_weight_version` ("deprecated, use /model_info"),
         so `/model_info` is asked first; engines without the field there fall back to the old route.
+
+        Raises:
+            EngineError: the engine failed, or neither reply holds a `weight_version` (naming the engine).
         """
         info = await self.request("GET", "/model_info")
         if isinstance(info, dict) and "weight_version" in info:
             return info["weight_version"]
-        return (await self.request("GET", "/get_weight_version"))["weight_version"]
+        old = await self.request("GET", "/get_weight_version")
+        if not isinstance(old, dict) or "weight_version" not in old:
+            # A bare KeyError / TypeError ("string indices must be integers") out of the weight push's version check.
+            raise EngineError(
+                self.url, "/get_weight_version",
+                f"no weight_version in its reply {preview(old)} nor in /model_info's {preview(info)}",
+            )  # fmt: skip
+        return old["weight_version"]
 
     async def health(self, timeout: float | None = 5.0) -> bool:
         """GET /health; False instead of raising when the engine does not answer 200."""
@@ -261,8 +272,16 @@ class EngineClient(HttpEndpoint):
         return await self.request("GET", "/v1/loads", {"include": "core"})
 
     async def num_unfinished_requests(self) -> int:
-        """Running plus waiting requests, summed over the engine's DP ranks (parsed from /v1/loads)."""
-        return count_requests(await self.get_loads())
+        """Running plus waiting requests, summed over the engine's DP ranks (parsed from /v1/loads).
+
+        Raises:
+            EngineError: the engine failed, or its reply holds no counts (`count_requests`), naming the engine.
+        """
+        loads = await self.get_loads()
+        try:
+            return count_requests(loads)
+        except ValueError as exc:
+            raise EngineError(self.url, "/v1/loads", str(exc)) from None
 
     async def server_info(self) -> dict:
         """GET /server_info (server args and internal state)."""
@@ -288,5 +307,16 @@ def count_requests(loads: Any) -> int:
         return count_requests(loads["loads"])
     for key in ("num_total_reqs", "total_reqs", "num_reqs"):
         if key in loads:
-            return int(loads[key])
-    return int(loads.get("num_running_reqs", 0)) + int(loads.get("num_waiting_reqs", 0))
+            return _count(loads, key)
+    return _count(loads, "num_running_reqs") + _count(loads, "num_waiting_reqs")
+
+
+def _count(loads: dict, key: str) -> int:
+    """`loads[key]` as a request count (0 when absent); SGLang 0.5.16 sends ints (`v1_loads.py`).
+
+    `None` there was a bare `TypeError: int() argument must be ... not 'NoneType'` out of the rollout's abort.
+    """
+    value = loads.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not float(value).is_integer() or value < 0:
+        raise ValueError(f"/v1/loads: {key} is {value!r}, not a request count (reply {str(loads)[:200]})")
+    return int(value)

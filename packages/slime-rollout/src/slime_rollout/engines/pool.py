@@ -28,6 +28,7 @@ Counters for the run's metrics: `stats` (restarts, re-queued requests, generatio
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -39,9 +40,36 @@ from typing import Any
 from slime_rollout.engines.transport import EngineError
 from slime_rollout.runtime.deadlines import DeadlineExceeded, await_with_deadline, backstop_timeout_s
 
-__all__ = ["EnginePool", "EngineSlot", "EngineState", "FaultStats", "NoHealthyEngineError"]
+__all__ = [
+    "EnginePool",
+    "EngineSlot",
+    "EngineState",
+    "FaultStats",
+    "NoHealthyEngineError",
+    "answering_engine",
+    "note_answering_engine",
+]
 
 logger = logging.getLogger(__name__)
+
+# The engine (or router) whose `/generate` reply the running task received last. A reply is a plain dict: the
+# generate function that finds it malformed knows the sample but not which engine the pool picked, and its error
+# named only the sample. A context variable: set in the task that awaits the reply, so it is that request's engine.
+_ANSWERED_BY: contextvars.ContextVar[str | None] = contextvars.ContextVar("slime_generate_answered_by", default=None)
+
+
+def answering_engine() -> str | None:
+    """Base URL of the engine (or router) that gave the running task's last `/generate` reply; None if unknown.
+
+    Set by `EnginePool.generate` and `RolloutClient.generate`; a client of a test or plugin that sets nothing leaves
+    None (or the previous request's engine: call `note_answering_engine(None)` before a request).
+    """
+    return _ANSWERED_BY.get()
+
+
+def note_answering_engine(url: str | None) -> None:
+    """Records `url` as the engine of the running task's `/generate` reply (`answering_engine`)."""
+    _ANSWERED_BY.set(url)
 
 
 class NoHealthyEngineError(RuntimeError):
@@ -308,7 +336,9 @@ class EnginePool:
         slot.calls[call] = start
         slot.outstanding += 1
         try:
-            return await self._bounded(slot, call, payload)
+            reply = await self._bounded(slot, call, payload)
+            note_answering_engine(slot.url)
+            return reply
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -318,6 +348,10 @@ class EnginePool:
         except EngineError as exc:
             if not (self.failover and exc.unavailable):  # 502/503/504 too, as through the router
                 raise
+            # Said (once per half warning interval per engine): a request re-queued again and again until the
+            # recovery timeout was silent for those 10 minutes.
+            said = " ".join(str(exc).split())
+            self._warn_slow(slot, f"{said}; the request goes to a serving engine (--use-fault-tolerance)")
             self._count_requeue(start)
             if slot.state is EngineState.SERVING and self.on_suspect is not None:
                 self.on_suspect(slot.index)

@@ -70,16 +70,36 @@ class EngineError(RuntimeError):
         status_code: HTTP status, or None when no response arrived.
         unreachable: no answer came at all (connection refused/reset, timeout, server gone): the engine may be
             dead or hung, so the request can go to another engine. False for an HTTP error reply.
+        context: what the call was for, e.g. "sample 7" (`for_context`); "" when the caller did not say.
     """
 
     def __init__(
-        self, url: str, endpoint: str, message: str, status_code: int | None = None, *, unreachable: bool = False
+        self,
+        url: str,
+        endpoint: str,
+        message: str,
+        status_code: int | None = None,
+        *,
+        unreachable: bool = False,
+        context: str = "",
     ):
         super().__init__(
-            f"engine {url}{endpoint} failed" + (f" (HTTP {status_code})" if status_code else "") + f": {message}"
+            f"engine {url}{endpoint} failed"
+            + (f" for {context}" if context else "")
+            + (f" (HTTP {status_code})" if status_code else "")
+            + f": {message}"
         )
         self.url, self.endpoint, self.message, self.status_code = url, endpoint, message, status_code
-        self.unreachable = unreachable
+        self.unreachable, self.context = unreachable, context
+
+    def for_context(self, context: str) -> EngineError:
+        """The same failure, its message naming what the call was for (the sample a `/generate` served).
+
+        The pool and the transport know the engine but not the sample; the generate function knows the sample.
+        """
+        return EngineError(
+            self.url, self.endpoint, self.message, self.status_code, unreachable=self.unreachable, context=context
+        )
 
     @property
     def unavailable(self) -> bool:
@@ -106,7 +126,8 @@ class EngineError(RuntimeError):
 
     def __reduce__(self) -> tuple:
         # BaseException pickles only `args` (the formatted message), which this __init__ cannot take back.
-        return (_rebuild_engine_error, (self.url, self.endpoint, self.message, self.status_code, self.unreachable))
+        fields = (self.url, self.endpoint, self.message, self.status_code, self.unreachable, self.context)
+        return (_rebuild_engine_error, fields)
 
 
 def _said(exc: BaseException) -> str:
@@ -116,9 +137,9 @@ def _said(exc: BaseException) -> str:
 
 
 def _rebuild_engine_error(
-    url: str, endpoint: str, message: str, status_code: int | None, unreachable: bool
+    url: str, endpoint: str, message: str, status_code: int | None, unreachable: bool, context: str = ""
 ) -> EngineError:
-    return EngineError(url, endpoint, message, status_code, unreachable=unreachable)
+    return EngineError(url, endpoint, message, status_code, unreachable=unreachable, context=context)
 
 
 @dataclasses.dataclass(frozen=True)

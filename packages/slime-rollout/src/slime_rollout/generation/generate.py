@@ -20,13 +20,16 @@ import functools
 import inspect
 import json
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from slime_core.sample import Sample, Status
 from slime_rollout.data.multimodal import VisionPrompt, prepare_vision_prompt, sample_images, vision_token_ids
 from slime_rollout.data.prompt_length import engine_context_len
 from slime_rollout.data.source import encode_prompt, get_tokenizer
-from slime_rollout.generation.engine_reply import parse_generate_reply
+from slime_rollout.engines.pool import answering_engine, note_answering_engine
+from slime_rollout.engines.transport import EngineError
+from slime_rollout.generation.engine_reply import finish_status, parse_generate_reply
 from slime_rollout.generation.routed_experts import ROUTED_EXPERTS_REQUEST, attach_routed_experts, wants_routed_experts
 from slime_rollout.generation.top_p_replay import TOP_P_REQUEST, parse_top_p_sets, wants_top_p_sets
 from slime_rollout.runtime.goodput import OFFPOLICY_MASKED_KEY
@@ -38,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "abort_all",
+    "ask_engine",
     "build_sampling_params",
     "call_client",
     "context_limit",
@@ -243,7 +247,9 @@ async def generate(
         gets `multimodal_train_inputs`.
 
     Raises:
-        ValueError: a malformed engine reply, or an engine that expanded the images differently.
+        ValueError: a malformed engine reply (one without a known finish reason included; it names the engine URL,
+            `/generate` and the sample), or an engine that expanded the images differently.
+        EngineError: the engine failed or did not answer in time (naming the sample).
     """
     sampling_params = dict(sampling_params)
     vision = _vision_prompt(args, sample)
@@ -277,16 +283,41 @@ async def generate(
             return sample
         payload["input_ids"] = engine_ids
         payload["image_data"] = list(vision.engine_images)
-    client = get_client(args)
-    reply = await call_client(client.generate, payload)
-    tokens, log_probs, meta = parse_generate_reply(reply, what=f"sample {sample.index}")
+    reply, tokens, log_probs, meta = await ask_engine(get_client(args), payload, what=f"sample {sample.index}")
     if vision is not None:
         _check_prompt_tokens(sample, meta, len(sample.tokens))
     top_p = parse_top_p_sets(meta, len(tokens))
-    sample.status = Status.PENDING
-    sample.append_response_tokens(tokens, log_probs=log_probs, text=reply.get("text", ""), meta_info=meta, top_p=top_p)
+    sample.append_response_tokens(tokens, log_probs=log_probs, text=reply.get("text"), meta_info=meta, top_p=top_p)
     attach_routed_experts(args, sample, meta)
-    if sample.status is Status.PENDING:
-        logger.warning("sample %s: engine gave no known finish_reason (%r)", sample.index, meta.get("finish_reason"))
-        sample.status = Status.COMPLETED
     return sample
+
+
+async def ask_engine(
+    client: Any, payload: dict[str, Any], *, what: str
+) -> tuple[Mapping[str, Any], list[int], list[float], Mapping[str, Any]]:
+    """POSTs one `/generate` through the rollout's client and reads the reply, each failure naming engine and sample.
+
+    The pool knows which engine answered but not the sample; the reply is a plain dict that knows neither. An engine
+    failure is re-raised naming `what`, a malformed reply names the engine (`answering_engine`) and the endpoint.
+
+    Args:
+        client: the rollout's client (`get_client`), or a stand-in with a `generate(payload)` method.
+        payload: the `/generate` body.
+        what: the call's subject in errors, e.g. "sample 7".
+
+    Returns:
+        `(reply, token_ids, log_probs, meta_info)`: the reply as it came, and `parse_generate_reply`'s reading.
+
+    Raises:
+        EngineError: the engine failed (HTTP error, unreachable, deadline), naming `what`.
+        ValueError: a malformed reply, or one without a known `finish_reason` (`finish_status`).
+    """
+    note_answering_engine(None)  # a stand-in client sets nothing: no earlier request's engine is named
+    try:
+        reply = await call_client(client.generate, payload)
+    except EngineError as exc:
+        raise exc.for_context(what) from exc
+    engine = answering_engine()
+    tokens, log_probs, meta = parse_generate_reply(reply, what=what, engine=engine)
+    finish_status(meta, what=what, engine=engine)
+    return reply, tokens, log_probs, meta

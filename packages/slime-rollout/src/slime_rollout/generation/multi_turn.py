@@ -41,7 +41,6 @@ from slime_core.protocols import Env, EnvStep
 from slime_core.sample import Sample, Status
 from slime_rollout.data.source import get_tokenizer
 from slime_rollout.generation import generate as single_turn
-from slime_rollout.generation.engine_reply import parse_generate_reply
 from slime_rollout.generation.episode_env import build_env, checked_env_step, encodable, env_factory, env_name
 from slime_rollout.generation.routed_experts import ROUTED_EXPERTS_REQUEST, attach_routed_experts, wants_routed_experts
 from slime_rollout.generation.seeds import continuation_seed
@@ -163,20 +162,17 @@ async def _model_turn(
     payload = {"input_ids": list(sample.tokens), "sampling_params": params, "return_logprob": True}
     if wants_routed_experts(args):
         payload.update(ROUTED_EXPERTS_REQUEST)
-    reply = await single_turn.call_client(client.generate, payload)
-    tokens, log_probs, meta = parse_generate_reply(reply, what=f"sample {sample.index}")
+    reply, tokens, log_probs, meta = await single_turn.ask_engine(client, payload, what=f"sample {sample.index}")
     # Decoded from the ids, special tokens kept, whatever `skip_special_tokens` the engine used: this is
     # what tells whether the turn ended with the template's end-of-turn token.
     token_text = tokenizer.decode(tokens)
     text = reply.get("text")
     if text is None:
         text = token_text
-    sample.status = Status.PENDING
     top_p = parse_top_p_sets(meta, len(tokens))  # top-p replay sets, when the engine returned them
+    # The status comes from the reply's finish reason (`ask_engine` refused a reply without a known one).
     sample.append_response_tokens(tokens, log_probs=log_probs, text=text, meta_info=meta, top_p=top_p)
     attach_routed_experts(args, sample, meta)
-    if sample.status is Status.PENDING:
-        sample.status = Status.COMPLETED
     return text, token_text
 
 

@@ -32,10 +32,12 @@ position in both (whichever SGLang counts in; tests/fixtures/sglang-wire records
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import numbers
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slime_core.config.opd import builtin_teacher_scoring
@@ -44,6 +46,7 @@ from slime_core.sample import Sample, Status
 from slime_rollout.data.multimodal import prepare_vision_prompt, sample_images, vision_token_ids
 from slime_rollout.data.tokenizer import get_tokenizer
 from slime_rollout.engines.transport import EngineError, HttpEndpoint
+from slime_rollout.generation.engine_reply import checked_token_id
 
 if TYPE_CHECKING:
     from slime_core.config import SlimeArgs
@@ -151,6 +154,8 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
             "SGLang's /generate JSON object: is --rm-url the teacher engine's http://host:port/generate?"
         )
     meta = reply.get("meta_info") or {}
+    if not isinstance(meta, Mapping):
+        raise ValueError(f"sample {sample.index}: the teacher's meta_info is {preview(meta, 60)}, not an object")
     finish = meta.get("finish_reason")
     if isinstance(finish, dict) and finish.get("type") == "abort":
         # SGLang answers an aborted request normally (HTTP 200), with no log-probs at all when it was still queued
@@ -165,6 +170,11 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
             f"sample {sample.index}: the teacher's reply has no meta_info.input_token_logprobs (its keys: "
             f"{sorted(reply)}; meta_info: {sorted(meta)}): is --rm-url the teacher engine's /generate, and does it "
             "return log-probs (return_logprob)?"
+        )
+    if isinstance(entries, (str, bytes, Mapping)) or not isinstance(entries, Sequence):
+        raise ValueError(
+            f"sample {sample.index}: the teacher's meta_info.input_token_logprobs is {preview(entries, 60)}, not a "
+            "list of [logprob, token_id, text]"
         )
     n = sample.response_length
     tail = list(entries)[len(entries) - n :] if n else []
@@ -187,7 +197,8 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
             f"sample {sample.index}: the teacher's input_token_logprobs entry of response token {i} is {tail[i]!r}, "
             "not SGLang's [logprob, token_id, text]"
         )
-    ids = [int(e[1]) for e in tail]
+    at = f"sample {sample.index}: the teacher's input_token_logprobs entry of response token"
+    ids = [checked_token_id(e[1], f"{at} {i}") for i, e in enumerate(tail)]
     # SGLang reports id 0 for an input id >= its vocab size - 1 (it clips what it could not detokenize:
     # scheduler_components/logprob_result_processor.py); a random or untrained policy samples such ids.
     wrong = [i for i, (got, sent) in enumerate(zip(ids, sample.response_tokens, strict=True)) if got not in (sent, 0)]
@@ -203,6 +214,10 @@ def teacher_log_probs_from_reply(reply: dict[str, Any], sample: Sample, *, logpr
             f"sample {sample.index}: the teacher's log-prob of response token {missing[0]} is None (SGLang returns "
             f"None for position logprob_start_len={logprob_start_len}; request from before the response)"
         )
+    # Not `float(e[0])`: a text "-0.5" was read as a number, and "x" was a bare ValueError naming no sample.
+    texts = [i for i, e in enumerate(tail) if isinstance(e[0], bool) or not isinstance(e[0], numbers.Real)]
+    if texts:
+        raise ValueError(f"{at} {texts[0]} has log-prob {preview(tail[texts[0]][0], 30)}, not a number")
     values = [float(e[0]) for e in tail]
     # A NaN or -inf log-prob would make every advantage of the batch NaN after whitening: refuse it here.
     bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
@@ -288,8 +303,18 @@ async def _score_one(args: SlimeArgs, sample: Sample, semaphore: asyncio.Semapho
     async with semaphore:
         reply = await _ask_teacher(args, sample, payload)
     start = payload["logprob_start_len"]  # 0 for a sample with images
-    sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=start)
+    with _naming_teacher(args):
+        sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=start)
     _check_vocabulary_once(args, payload, reply, sample)
+
+
+@contextlib.contextmanager
+def _naming_teacher(args: SlimeArgs) -> Iterator[None]:
+    """A malformed teacher reply's ValueError names the teacher's URL and route (it named only the sample)."""
+    try:
+        yield
+    except ValueError as exc:
+        raise ValueError(f"OPD teacher --rm-url {args.rm_url}: {exc}") from exc
 
 
 def _with_texts_until_checked(args: SlimeArgs, payload: dict[str, Any]) -> dict[str, Any]:
@@ -357,7 +382,8 @@ async def reward_func(
         return list(await asyncio.gather(*(reward_func(args, s, **kwargs) for s in sample)))
     payload = _with_texts_until_checked(args, teacher_payload(args, sample, logprob_start_len=0))
     reply = await _ask_teacher(args, sample, payload)
-    sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=0)
+    with _naming_teacher(args):
+        sample.teacher_log_probs = teacher_log_probs_from_reply(reply, sample, logprob_start_len=0)
     _check_vocabulary_once(args, payload, reply, sample)
     sample.metadata["raw_reward"] = 0.0
     return reply
