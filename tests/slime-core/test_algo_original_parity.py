@@ -270,6 +270,7 @@ POLICY_CASES = [
     dict(advantage_estimator="gspo", eps_clip=3e-4, eps_clip_high=4e-4),
     dict(advantage_estimator="cispo", eps_clip=1.0, eps_clip_high=4.0),
     dict(entropy_coef=0.01),
+    dict(entropy_coef=-0.01),  # an entropy penalty: the original accepts any sign
     dict(use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k1"),
     dict(use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k2"),
     dict(use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k3"),

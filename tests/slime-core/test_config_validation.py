@@ -286,8 +286,10 @@ def test_other_derivations():
         rollout_external_engine_addrs=["10.0.0.1:30000", "http://10.0.0.2:30000"],
     )
     assert args.rollout_max_prompt_len == 4095 and args.eval_max_context_len == 4096
-    # --balance-by-flops changes the micro-batch packing only; rank balancing stays --balance-data's, as in the original
-    assert args.balance_by_flops and not args.balance_data
+    # --balance-by-flops changes the micro-batch packing and, as the original's validation (`args.balance_data =
+    # True`), turns on --balance-data: the micro-batches go to the ranks by cost (here they went round-robin).
+    assert args.balance_by_flops and args.balance_data
+    assert not make(use_dynamic_batch_size=True, max_tokens_per_gpu=1024).balance_data
     assert args.rollout_engine_urls == ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
     assert make(eps_clip=0.3).eps_clip_high == 0.3
     assert make(n_samples_per_prompt=2).disable_grpo_std_normalization is False
@@ -483,3 +485,9 @@ def test_lr_bounds_a_schedule_does_not_read_stay_accepted():
     assert make(train_backend="fsdp", lr=1e-4, min_lr=1e-3).min_lr == 1e-3
     assert make(train_backend="fsdp", lr=1e-4, lr_warmup_iters=2, lr_warmup_init=1e-3).lr_warmup_init == 1e-3
     assert make(train_backend="megatron", lr=1e-4, lr_warmup_init=1e-3).lr_warmup_init == 1e-3  # no warmup
+
+
+def test_a_negative_entropy_coef_is_accepted_as_in_the_original():
+    # The original's --entropy-coef is any float (loss = pg_loss - entropy_coef * entropy): a negative one penalizes
+    # entropy (entropy-minimization recipes). Here it was refused (ge=0); the loss math is in the parity test.
+    assert make(entropy_coef=-0.01).entropy_coef == -0.01

@@ -271,3 +271,33 @@ def test_saves_of_a_run_that_trains_nothing_say_that_nothing_is_saved(caplog, ov
     assert [r.getMessage() for r in caplog.records if "nothing is saved" in r.getMessage()] == [
         f"--save and --save-hf: nothing is saved with {why}; checkpoints and HF exports follow trained rollouts"
     ]
+
+
+def test_ref_update_interval_is_at_least_one_and_says_when_no_reference_is_loaded(caplog):
+    # 0 was accepted and never refreshed the reference (`interval and ...` is false); the original divides by it
+    # (ZeroDivisionError after the first rollout). Without --use-kl-loss / --kl-coef no reference model is loaded.
+    for bad in (0, -2):
+        with pytest.raises(ConfigError, match="--ref-update-interval"):
+            make(ref_update_interval=bad)
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(ref_update_interval=2, use_kl_loss=True, kl_loss_coef=0.1, hf_checkpoint="m")
+        make(ref_update_interval=2)
+    assert [r.getMessage() for r in caplog.records if "--ref-update-interval" in r.getMessage()] == [
+        "--ref-update-interval 2 has no effect without a reference model (--use-kl-loss or --kl-coef)"
+    ]
+
+
+def test_schedule_flags_the_schedule_never_reads_say_so(caplog):
+    # megatron-core's get_lr (and FSDP's copy) returns --lr after the warmup under the constant style, and starts a
+    # warmup at --lr-warmup-init: these were accepted and changed nothing, without a word.
+    with caplog.at_level(logging.WARNING, logger="slime_core.config.base"):
+        make(lr_decay_style="cosine", min_lr=1e-7, lr_decay_iters=10, lr_warmup_iters=2, lr_warmup_init=1e-8)
+        make(lr_warmup_fraction=0.1, lr_warmup_init=1e-8)
+        make(min_lr=1e-7, lr_decay_iters=10)
+        make(lr_warmup_init=1e-8)
+    assert [r.getMessage() for r in caplog.records if "-lr-" in r.getMessage()] == [
+        "--min-lr 1e-07 and --lr-decay-iters 10 have no effect with --lr-decay-style constant: the learning rate "
+        "stays --lr after the warmup",
+        "--lr-warmup-init 1e-08 has no effect without a warmup (--lr-warmup-iters or --lr-warmup-fraction): the "
+        "first step runs at --lr",
+    ]

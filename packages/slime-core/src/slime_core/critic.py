@@ -35,7 +35,7 @@ from slime_core.checkpoint_dirs import critic_dirs
 from slime_core.config import SlimeArgs
 from slime_core.estimators import get_estimator
 from slime_core.host_to_device import to_device_many
-from slime_core.step_metrics import read_steps
+from slime_core.step_metrics import check_grad_norms, read_steps
 from slime_core.train_step import step_denominator
 
 logger = logging.getLogger(__name__)
@@ -281,6 +281,8 @@ def train_critic_on_rollout(
     steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
     # One device-to-host read (every step's metric sums and grad norm) and one reduction over data-parallel ranks.
     sums, owns = read_steps(steps)
+    if cfg.check_for_nan_in_loss_and_grad:
+        check_grad_norms(owns, "grad_norm")
     steps = list(zip([v for v, _ in steps], owns, strict=True))
     per_step = _per_step(cfg, batch, steps, backend.reduce_metric_sums(sums))
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}

@@ -9,6 +9,7 @@ Legend: `N` samples on this rank, `L_i` response length of sample i.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -18,6 +19,7 @@ from slime_core.batch import RolloutBatch
 from slime_core.host_to_device import to_device
 
 __all__ = [
+    "check_grad_norms",
     "length_means",
     "length_sums",
     "read_steps",
@@ -174,3 +176,28 @@ def read_steps(
             sums[f"steps/{j}/{key}"] = total
     records = [{k: next(host) if isinstance(v, torch.Tensor) else v for k, v in record.items()} for _, record in steps]
     return sums, records
+
+
+def check_grad_norms(records: Sequence[dict[str, float]], key: str) -> None:
+    """Stops the run when an optimizer step's gradient norm is NaN or inf (Megatron-LM's default check).
+
+    Called with the steps' records as `read_steps` returned them, unless `--no-check-for-nan-in-loss-and-grad` (then
+    the backend skipped such steps itself). A NaN or inf in the loss or a gradient made the norm so; the step wrote
+    it into the weights (FSDP clips by the norm, a NaN factor), so the run stops before they are saved or sent to
+    the engines. megatron-core's gradient check stops it earlier, in the backward's gradient reduction.
+
+    Args:
+        records: per optimizer step, its own values (floats), e.g. `{"train/grad_norm": 0.7, "train/lr": 1e-6}`.
+        key: the grad norm's name in them (`train/grad_norm`; the critic's `grad_norm`).
+
+    Raises:
+        RuntimeError: naming the first step whose norm is not finite, and the flag that skips such steps.
+    """
+    for step, record in enumerate(records):
+        norm = record.get(key)
+        if norm is not None and not math.isfinite(norm):
+            raise RuntimeError(
+                f"optimizer step {step} of this rollout had a gradient norm of {norm} (a NaN or inf in the loss or "
+                "the gradients): the run stops before these weights are saved or sent to the engines, as the "
+                "original's Megatron does; --no-check-for-nan-in-loss-and-grad skips such steps instead"
+            )

@@ -57,6 +57,7 @@ from slime_core.goodput import trained_token_sums
 from slime_core.hook_deadline import hooks_of_rollout
 from slime_core.host_to_device import to_device_many
 from slime_core.step_metrics import (
+    check_grad_norms,
     length_means,
     length_sums,
     read_steps,
@@ -398,7 +399,7 @@ def train_on_rollout(
         cfg: run config; reads the loss and advantage fields (`compute_train_loss`,
             `compute_advantages_and_returns`) plus `use_rollout_logprobs`, `normalize_advantages`,
             `disable_compute_advantages_and_returns`, `calculate_per_token_loss`, `reset_optimizer_states`,
-            `ref_update_interval`.
+            `ref_update_interval`, `check_for_nan_in_loss_and_grad`.
         backend: the rank's training backend.
         rollout_id: id of the rollout (for `--ref-update-interval` and the log line).
         batch: this rank's data with its micro-batch schedule.
@@ -420,6 +421,8 @@ def train_on_rollout(
         ValueError: `--use-rollout-logprobs` without rollout log-probs in the batch, a batch without
             optimizer steps or step counts, or any error of the loss / advantage computation (a trainer-side hook's
             names its flag, path and `rollout_id`).
+        RuntimeError: a step's gradient norm is NaN or inf, unless `--no-check-for-nan-in-loss-and-grad`
+            (`step_metrics.check_grad_norms`).
     """
     with hooks_of_rollout(rollout_id):
         return _train_on_rollout(cfg, backend, rollout_id, batch)
@@ -459,6 +462,8 @@ def _train_on_rollout(
     t3 = time.perf_counter()
     steps = [_optimizer_step(cfg, backend, batch, step, loss_fn) for step in range(batch.num_steps)]
     step_totals, owns = read_steps(steps)  # one read of every step's metric sums and grad norm
+    if cfg.check_for_nan_in_loss_and_grad:
+        check_grad_norms(owns, "train/grad_norm")
     steps = list(zip([v for v, _ in steps], owns, strict=True))
     values = None if batch.values is None else list(batch.values)  # PPO: the critic's
     series = {

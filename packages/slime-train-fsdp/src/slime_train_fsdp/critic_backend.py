@@ -197,9 +197,11 @@ class FSDPCriticBackend:
     def optimizer_step(self) -> tuple[torch.Tensor, float]:
         """Clips (`--clip-grad`), steps AdamW and the LR schedule; returns (pre-clip grad norm, this step's rate).
 
-        The norm is a 0-d tensor on the device, read with the other steps' after the last one (no sync per step).
+        The norm is a 0-d tensor on the device, read with the other steps' after the last one (no sync per step);
+        with `--no-check-for-nan-in-loss-and-grad` it is read here, to skip a step whose norm is not finite.
         """
-        norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, self.cfg.clip_grad)
+        norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, self.cfg.clip_grad,
+                                 skip_non_finite=not self.cfg.check_for_nan_in_loss_and_grad)  # fmt: skip
         self.global_step += 1
         return norm, lr
 

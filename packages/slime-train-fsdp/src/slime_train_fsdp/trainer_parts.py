@@ -8,6 +8,7 @@ The default process group is the trainer's: data-parallel × context-parallel ra
 
 from __future__ import annotations
 
+import logging
 import pathlib
 from typing import Any
 
@@ -23,6 +24,8 @@ from slime_core.param_filter import frozen_parameter_names
 from slime_train_fsdp.checkpoint import load_checkpoint
 from slime_train_fsdp.lr_schedule import build_lr_scheduler
 from slime_train_fsdp.offload import HostOffloader
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "Residency",
@@ -85,8 +88,15 @@ def clip_and_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     clip_grad: float,
+    *,
+    skip_non_finite: bool = False,
 ) -> tuple[torch.Tensor, float]:
     """Clips gradients to `clip_grad` (≤ 0: no clipping), steps the optimizer and the schedule.
+
+    With `skip_non_finite` (`--no-check-for-nan-in-loss-and-grad`) a step whose gradient norm is NaN or inf steps
+    neither the optimizer nor the schedule (logged), as the original's `train_step`; that costs one host read of the
+    norm per step. Without it nothing is read here: the shared step stops the run when it reads the norms after the
+    last step (`slime_core.step_metrics.check_grad_norms`), before the weights are saved or sent to the engines.
 
     Returns:
         `(pre-clip global grad norm, learning rate of this step)`: the norm as a 0-d float32 tensor on the device,
@@ -94,12 +104,24 @@ def clip_and_step(
     """
     lr = float(optimizer.param_groups[0]["lr"])
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, clip_grad if clip_grad > 0 else float("inf"))
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    max_norm = clip_grad if clip_grad > 0 else float("inf")
+    if not skip_non_finite:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        full = norm.full_tensor() if isinstance(norm, DTensor) else norm
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        full = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        if not bool(torch.isfinite(full)):  # clipping by a NaN factor would write NaN into every weight
+            logger.warning(
+                "optimizer step skipped: the gradient norm is %s (--no-check-for-nan-in-loss-and-grad); the weights, "
+                "the optimizer state and the LR schedule are unchanged",
+                full.item(),
+            )
+            return full.detach(), lr
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)  # as clip_grad_norm_ does with its norm
     optimizer.step()
     scheduler.step()
-    return norm.detach(), lr
+    return full.detach(), lr
 
 
 def cp_size(model: nn.Module) -> int:

@@ -355,7 +355,9 @@ class MegatronTrainBackend:
 
     def optimizer_step(self) -> tuple[float | torch.Tensor, float]:
         """Steps the megatron optimizer (it clips) and the LR schedule; returns (grad norm, this step's rate)."""
-        norm, lr = optimizer_step(self.optimizer, self.scheduler)
+        norm, lr = optimizer_step(
+            self.optimizer, self.scheduler, skip_non_finite=not self.settings.check_for_nan_in_loss_and_grad
+        )
         self.global_step += 1
         return norm, lr
 

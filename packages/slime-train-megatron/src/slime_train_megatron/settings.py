@@ -102,6 +102,12 @@ class MegatronSettings(BaseModel):
         description="megatron-core's fused bias-dropout-add of the residual (torch.compile'd; Megatron-LM's default, "
         "turned off by its --no-bias-dropout-fusion). slime's default is off: it compiles at first use.",
     )
+    check_for_nan_in_loss_and_grad: bool = Field(
+        True,
+        description="Megatron-LM's default: a NaN/inf gradient norm stops the run (slime_core.step_metrics."
+        "check_grad_norms); --no-check-for-nan-in-loss-and-grad skips an optimizer step whose gradient norm is not "
+        "finite instead (the original's train_step).",
+    )
     megatron_compile_layers: bool | None = Field(
         None,
         description="slime: torch.compile every decoder layer (regional compilation, dynamic shapes; the Megatron "
@@ -316,7 +322,7 @@ def _parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, dest=name, default=None)
     # Negative spellings of defaults slime turns on (Megatron-LM's for the distributed optimizer).
     negatives = ("use_distributed_optimizer", "use_torch_fused_adam", "use_foreach_grad_norm")
-    negatives += ("megatron_compile_layers",)
+    negatives += ("megatron_compile_layers", "check_for_nan_in_loss_and_grad")
     for name in negatives:
         parser.add_argument("--no-" + name.replace("_", "-"), dest=name, action="store_const", const=False)
     return parser

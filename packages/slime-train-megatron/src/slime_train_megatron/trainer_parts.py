@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
 
 import torch
@@ -113,6 +114,9 @@ def build_parallel_model(
     for name, param in module.named_parameters():
         if name in frozen:
             param.requires_grad_(False)  # before DDP: no grad buffer, and the optimizer skips it
+    # No `check_for_nan_in_grad` (Megatron-LM passes its --check-for-nan-in-loss-and-grad there): it reads every
+    # bucket's norm per step; the shared step stops the run on a non-finite norm after the last step instead
+    # (`slime_core.step_metrics.check_grad_norms`), before the weights are saved or sent.
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=s.use_distributed_optimizer
     )
@@ -196,15 +200,32 @@ def resume(settings: MegatronSettings, module: Any, optimizer: Any, scheduler: A
     return 0 if (rollout_id is None or s.finetune) else rollout_id + 1
 
 
-def optimizer_step(optimizer: Any, scheduler: Any) -> tuple[float | torch.Tensor, float]:
+def optimizer_step(
+    optimizer: Any, scheduler: Any, *, skip_non_finite: bool = False
+) -> tuple[float | torch.Tensor, float]:
     """Steps the megatron optimizer (it clips to `--clip-grad`) and the LR schedule.
+
+    With `skip_non_finite` (`--no-check-for-nan-in-loss-and-grad`) a step whose gradients hold an inf, or whose
+    norm is not finite, steps neither the optimizer nor the schedule (logged), as the original's `train_step` (a
+    host read of the norm per step, as there): megatron-core's own `step()` would write NaN into every weight.
+    Without it such a step is taken, and the shared step stops the run when it reads the norms after the last step
+    (`slime_core.step_metrics.check_grad_norms`).
 
     Returns:
         `(grad norm, NaN when the optimizer reports none; rate of this step)`. The norm is a `[]` device tensor
         under `--use-foreach-grad-norm` (read with the step's other metrics after the last step), else a float.
     """
-    _, grad_norm, _ = optimizer.step()
     lr = float(optimizer.param_groups[0]["lr"])
+    if skip_non_finite:
+        norm = float("inf") if optimizer.prepare_grads() else optimizer.get_grad_norm()
+        if norm is not None and not math.isfinite(float(norm)):  # a host read, as the original's check
+            logger.warning(
+                "optimizer step skipped: the gradient norm is %s (--no-check-for-nan-in-loss-and-grad); the weights, "
+                "the optimizer state and the LR schedule are unchanged",
+                float(norm),
+            )
+            return float(norm), lr
+    _, grad_norm, _ = optimizer.step()
     scheduler.step(increment=1)
     if grad_norm is None:
         return float("nan"), lr

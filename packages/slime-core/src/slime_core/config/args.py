@@ -168,6 +168,15 @@ class SlimeArgs(
         return self._parallel_size("--make-vocab-size-divisible-by", 128)
 
     @property
+    def check_for_nan_in_loss_and_grad(self) -> bool:
+        """Megatron-LM's switch, on unless `--no-check-for-nan-in-loss-and-grad` is given; both backends read it.
+
+        On, a non-finite gradient stops the run before it reaches the weights (Megatron-LM's gradient check); off, an
+        optimizer step whose gradient norm is not finite is skipped (the original's `train_step`).
+        """
+        return self.megatron_flag("--no-check-for-nan-in-loss-and-grad", False) is False
+
+    @property
     def _megatron_native(self) -> bool:
         """Whether the backend reads TP/PP/EP from the Megatron flags (its capability record says)."""
         from slime_core.extensions import train_backend_spec  # extensions imports no config module

@@ -203,7 +203,11 @@ MEGATRON_FLAG_RULES.update({
     "--manual-gc-interval": _kernel(note="a Python GC schedule"),
     "--empty-unused-memory-level": _kernel(note="an allocator cache setting"),
     "--enable-experimental": _kernel(note="enables no slime feature"),
-    "--no-check-for-nan-in-loss-and-grad": _kernel(note="a diagnostic: a non-finite grad norm is reported either way"),
+    # Off (the flag given), an optimizer step whose gradient norm is NaN/inf is skipped (optimizer and LR schedule);
+    # on, such a gradient stops the run. Both backends read it (`SlimeArgs.check_for_nan_in_loss_and_grad`).
+    "--no-check-for-nan-in-loss-and-grad": FlagRule(
+        "read", "read", "given, an optimizer step whose gradient norm is not finite is skipped; else it stops the run"
+    ),
     # -- slime's own Megatron-only flags ----------------------------------------------------------------------
     "--megatron-to-hf-mode": FlagRule("error", "error", "HF names come from slime-convert's mapping tables"),
     # Without Transformer Engine or Apex megatron-core falls back to torch's AdamW and a per-parameter grad norm

@@ -187,8 +187,8 @@ class DataArgs(ArgsGroup):
     balance_by_flops: bool = arg(
         False,
         "Even out the estimated FLOPs (tokens plus a quadratic attention term) of a step's micro-batches instead of "
-        "their token counts (needs --use-dynamic-batch-size; the token budget still holds, and the micro-batch count "
-        "stays the fewest that fit it).",
+        "their token counts (needs --use-dynamic-batch-size; turns on --balance-data, as in the original; the token "
+        "budget still holds, and the micro-batch count stays the fewest that fit it).",
     )
     use_dynamic_batch_size: bool = arg(False, "Pack micro-batches up to --max-tokens-per-gpu tokens.")
     max_tokens_per_gpu: int | None = arg(None, "Token budget per GPU micro-batch (dynamic batch size).", ge=1)

@@ -64,8 +64,11 @@ class AlgorithmArgs(ArgsGroup):
     kl_loss_coef: float = arg(0.0, "Coefficient of the KL loss term.", ge=0)
     kl_loss_type: KlType = arg("k1", "KL estimator: k1, k2, k3 or low_var_kl (clamped k3).")
     use_unbiased_kl: bool = arg(False, "Importance-weight the KL estimate by exp(logp - logp_old) (DeepSeek-V3.2).")
-    ref_update_interval: int | None = arg(None, "Copy actor weights into the ref model every this many rollouts.")
-    entropy_coef: float = arg(0.0, "Entropy bonus coefficient.", ge=0)
+    ref_update_interval: int | None = arg(
+        None, "Copy actor weights into the ref model every this many rollouts (>= 1).", ge=1
+    )
+    # Any sign, as the original: a negative coefficient penalizes entropy (entropy minimization).
+    entropy_coef: float = arg(0.0, "Entropy bonus coefficient (negative: an entropy penalty).")
     gamma: float = arg(
         1.0,
         "Discount factor for PPO / REINFORCE++ returns; set away from 1.0 with another estimator: a one-line warning "

@@ -229,6 +229,13 @@ def _algorithm(args: SlimeArgs) -> None:
         raise ConfigError("--kl-coef and --kl-loss-coef cannot both be non-zero (reward KL vs loss KL)")
     if args.kl_loss_coef != 0 and not args.use_kl_loss:
         warn_once("kl_loss_coef", "--kl-loss-coef has no effect without --use-kl-loss")
+    if args.ref_update_interval is not None and not args.with_ref:
+        # No reference model is loaded, so there is none to refresh (the original skips it as silently).
+        warn_once(
+            "ref_update_interval",
+            f"--ref-update-interval {args.ref_update_interval} has no effect without a reference model "
+            "(--use-kl-loss or --kl-coef)",
+        )
     if args.with_ref and args.ref_load is None and args.hf_checkpoint is None:
         raise ConfigError("--use-kl-loss / --kl-coef need a reference model: give --ref-load or --hf-checkpoint")
     _estimator(args)

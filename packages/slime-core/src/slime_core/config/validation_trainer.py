@@ -27,7 +27,8 @@ def check_trainer_flags(args: SlimeArgs) -> None:
 
     Raises:
         ConfigError: `--lr-decay-style`, `--optimizer` or `--fp16` the backend does not implement;
-            `--use-dynamic-batch-size` without `--max-tokens-per-gpu`; `--balance-by-flops` without it;
+            `--use-dynamic-batch-size` without `--max-tokens-per-gpu`; `--balance-by-flops` without it (with it,
+            `--balance-data` is turned on, as in the original);
             `--attn-implementation` with Megatron, unknown, or needing a package that is not installed;
             FSDP's memory flags (`--gradient-checkpointing`, `--fsdp-cpu-offload`) with a megatron-core backend;
             `--log-probs-head liger` without liger-kernel or with `--rollout-top-p` < 1; `--min-lr` (or a Megatron
@@ -52,6 +53,7 @@ def check_trainer_flags(args: SlimeArgs) -> None:
         )
     _micro_batching(args)
     _lr_bounds(args)
+    _schedule_flags_without_effect(args)
     _attention(args)
     _log_probs_head(args)
     _fsdp_flags(args)
@@ -129,6 +131,31 @@ def _lr_bounds(args: SlimeArgs) -> None:
             )
 
 
+def _schedule_flags_without_effect(args: SlimeArgs) -> None:
+    """Warns once about LR-schedule flags the schedule never reads (both backends; the original is as silent).
+
+    megatron-core's `OptimizerParamScheduler.get_lr` (and FSDP's `lr_at_step`, its copy) returns `--lr` after the
+    warmup under `--lr-decay-style constant`, so `--min-lr` and `--lr-decay-iters` change no rate there; and
+    `--lr-warmup-init` is the first rate of a warmup: with none configured it is never used.
+    """
+    if args.lr_decay_style == "constant":
+        unread = [f"--min-lr {args.min_lr:g}"] if args.min_lr else []
+        unread += [f"--lr-decay-iters {args.lr_decay_iters}"] if args.lr_decay_iters is not None else []
+        if unread:
+            warn_once(
+                "constant_schedule",
+                f"{' and '.join(unread)} {'has' if len(unread) == 1 else 'have'} no effect with --lr-decay-style "
+                "constant: the learning rate stays --lr after the warmup",
+            )
+    critic_warmup = args.use_critic and bool(args.critic_lr_warmup_iters)
+    if args.lr_warmup_init and not (args.lr_warmup_iters or args.lr_warmup_fraction or critic_warmup):
+        warn_once(
+            "lr_warmup_init",
+            f"--lr-warmup-init {args.lr_warmup_init:g} has no effect without a warmup (--lr-warmup-iters or "
+            "--lr-warmup-fraction): the first step runs at --lr",
+        )
+
+
 def _log_probs_head(args: SlimeArgs) -> None:
     """`--log-probs-head liger` (FSDP; a megatron-core backend's preflight refuses it): its package and top-p replay.
 
@@ -167,3 +194,7 @@ def _micro_batching(args: SlimeArgs) -> None:
         )
     if args.balance_by_flops and not args.use_dynamic_batch_size:
         raise ConfigError("--balance-by-flops requires --use-dynamic-batch-size")
+    if args.balance_by_flops:
+        # The original's validation turns --balance-data on with it: the FLOPs-balanced micro-batches are then
+        # spread over the data-parallel ranks by cost too (Karmarkar-Karp), not round-robin.
+        args.balance_data = True
