@@ -31,6 +31,8 @@ def _megatron_rates(flags: dict, train_iters: int) -> list[tuple[float, float]]:
         warmup_steps = flags["lr_warmup_fraction"] * decay_steps
     else:
         warmup_steps = flags.get("lr_warmup_iters", 0) * _GBS
+    # Megatron-LM's (and the original's): the anneal in samples when --lr-wsd-decay-iters is given, the style always.
+    wsd_iters = flags.get("lr_wsd_decay_iters")
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
     wd = flags.get("weight_decay", 0.0)
     scheduler = scheduler_module.OptimizerParamScheduler(
@@ -38,6 +40,8 @@ def _megatron_rates(flags: dict, train_iters: int) -> list[tuple[float, float]]:
         lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps,
         lr_decay_style=flags.get("lr_decay_style", "constant"),
         start_wd=wd, end_wd=wd, wd_incr_steps=train_iters * _GBS, wd_incr_style="constant",
+        wsd_decay_steps=None if wsd_iters is None else wsd_iters * _GBS,
+        lr_wsd_decay_style=flags.get("lr_wsd_decay_style", "exponential"),
     )  # fmt: skip
     out = []
     for _ in range(_STEPS):
@@ -99,6 +103,26 @@ _SCHEDULES += [  # megatron-core's inverse-square-root: with a warmup, its rate 
         dict(lr_decay_iters=20, lr_warmup_iters=3, min_lr=1e-7),  # --min-lr after step 20
         dict(lr_warmup_iters=1, weight_decay=0.01),
     ]
+]
+
+
+_SCHEDULES += [  # WSD (warmup-stable-decay): every anneal style megatron-core has, in every warmup and decay form
+    dict(lr_decay_style="WSD", lr_wsd_decay_style=style, **extra)
+    for style, extra in itertools.product(
+        ["exponential", "linear", "cosine", "minus_sqrt"],
+        [
+            dict(lr_wsd_decay_iters=10),  # no warmup: --lr for 20 steps, the anneal over the run's last 10
+            dict(lr_wsd_decay_iters=10, min_lr=1e-7),
+            dict(lr_wsd_decay_iters=6, lr_warmup_iters=5, lr_warmup_init=1e-7, min_lr=2e-7),
+            dict(lr_wsd_decay_iters=12, lr_warmup_fraction=0.25),  # 7.5 warmup steps of the run's 30
+            dict(lr_wsd_decay_iters=7, lr_decay_iters=20, lr_warmup_iters=3, min_lr=1e-7),  # --min-lr after step 20
+            dict(lr_wsd_decay_iters=5, lr_decay_iters=17, lr_warmup_fraction=0.3),  # 5.1 warmup steps
+            dict(lr_wsd_decay_iters=25, lr_decay_iters=40, min_lr=5e-7),  # the anneal runs past the 50 steps
+            dict(lr_wsd_decay_iters=30, lr_warmup_iters=8),  # the anneal starts inside the warmup
+            dict(lr_wsd_decay_iters=40, min_lr=1e-7),  # longer than the decay: starts a quarter of the way in
+            dict(lr_wsd_decay_iters=1, weight_decay=0.1),
+        ],
+    )
 ]
 
 
