@@ -177,14 +177,23 @@ def test_weight_decay_skips_biases_and_norms_as_megatron_core():
         torch.testing.assert_close(p.detach(), before[n] * factor, rtol=0, atol=1e-7, msg=n)
 
 
-def test_a_resume_from_load_continues_the_schedule_and_the_weight_decay_groups(tmp_path):
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"lr": 1e-6, "min_lr": 1e-7, "lr_decay_style": "cosine", "lr_warmup_iters": 5, "weight_decay": 0.1},
+        # WSD saved mid-anneal (the anneal is steps 5-12; saved after step 6, resumed over steps 7-11).
+        {"lr": 1e-6, "min_lr": 1e-7, "lr_decay_style": "WSD", "lr_wsd_decay_iters": 8, "lr_decay_iters": 12,
+         "lr_wsd_decay_style": "minus_sqrt", "lr_warmup_iters": 2, "weight_decay": 0.1},
+    ],
+    ids=["cosine", "wsd"],
+)  # fmt: skip
+def test_a_resume_from_load_continues_the_schedule_and_the_weight_decay_groups(tmp_path, flags):
     # The trainer's own optimizer (two groups) through save_checkpoint / load_checkpoint: a resume after 7 steps goes
     # on at megatron-core's rate of step 7, not from the warmup's start, with the groups' weight decay kept.
     import torch.distributed as dist
 
     from slime_train_fsdp.checkpoint import load_checkpoint, save_checkpoint
 
-    flags = {"lr": 1e-6, "min_lr": 1e-7, "lr_decay_style": "cosine", "lr_warmup_iters": 5, "weight_decay": 0.1}
     cfg = _cfg(flags, 30)
     expected = [lr for lr, _ in _megatron_rates(flags, train_iters=30)]
 
