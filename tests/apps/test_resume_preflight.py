@@ -47,6 +47,37 @@ def test_a_resume_with_another_lr_is_refused_before_the_run(model, tmp_path):
         check_checkpoints(cfg("--weight-decay", "0.1"))
 
 
+def test_a_wsd_checkpoint_resumes_and_another_anneal_is_refused_before_the_run(model, tmp_path):
+    # --lr-decay-style WSD was refused at parse time (no --lr-wsd-decay-iters); now the preflight rebuilds the WSD
+    # schedule and compares its anneal flags with the checkpoint's, as it does the others.
+    import torch
+
+    from slime_train_fsdp.lr_schedule import build_lr_scheduler
+
+    def cfg(*extra):
+        return parse_args(["--rollout-batch-size", "1", "--num-rollout", "8", "--hf-checkpoint", str(model),
+                           "--train-backend", "fsdp", "--lr", "1e-6", "--lr-decay-style", "WSD",
+                           "--lr-wsd-decay-iters", "4", "--load", str(fsdp), *extra])  # fmt: skip
+
+    fsdp = tmp_path / "fsdp"
+    (fsdp / "iter_0000005").mkdir(parents=True)
+    (fsdp / "iter_0000005" / "meta.json").write_text("{}")
+    (fsdp / "latest_checkpointed_iteration.txt").write_text("5")
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-6)
+    scheduler = build_lr_scheduler(optimizer, cfg())
+    for _ in range(6):  # two steps into the anneal of the last 4 of 8 steps
+        optimizer.step()
+        scheduler.step()
+    torch.save(scheduler.state_dict(), fsdp / "iter_0000005" / "scheduler.pt")
+    assert check_checkpoints(cfg()) == [f"--load {fsdp}: fsdp checkpoint, the run resumes from it"]
+    with pytest.raises(ValueError) as e:
+        check_checkpoints(cfg("--lr-wsd-decay-style", "minus_sqrt"))
+    assert str(e.value).startswith(
+        f"--load {fsdp}: the checkpoint's learning-rate schedule differs from this run's flags (--lr-wsd-decay-style "
+        "minus_sqrt here vs exponential saved); a resumed run continues"
+    )
+
+
 def test_a_truncated_scheduler_file_is_one_error_naming_load_and_the_iteration_to_resume_from(model, tmp_path):
     # Issue 27 (pass 55): torch's RuntimeError ("PytorchStreamReader failed reading zip archive") escaped the
     # preflight as a traceback; the trainer's own load calls the same file damaged in one line.

@@ -236,6 +236,8 @@ def test_async_bf16_run_is_one_step_off_policy_and_resumes_in_the_data_order_aft
        the data cursor of a save queued behind the generation of the next rollout, already drawn, so the resume
        skipped that rollout's prompts (as the original's train_async.py).
     3. the resumed run's per-phase timings (benchmarks/e2e_report.py reads them), as the sync loop logs them.
+    4. the learning-rate schedule (`--lr-decay-style WSD`, refused before issue 27's leftovers) goes on at the
+       checkpoint's optimizer step through the real loop's save and `--load`.
     """
     model = make_tiny_qwen3(tmp_path / "bf16", dtype=torch.bfloat16, hidden_size=32, intermediate_size=64,
                             head_dim=8, max_position_embeddings=1024)  # fmt: skip
@@ -243,8 +245,10 @@ def test_async_bf16_run_is_one_step_off_policy_and_resumes_in_the_data_order_aft
     total = 5
 
     def argv(out, num_rollout, *extra) -> list[str]:
+        # WSD: --lr over the first 3 of the 5 optimizer steps, then a linear anneal over the run's last 3 (steps 3, 4).
         flags = ["--num-rollout", str(num_rollout), "--rollout-shuffle", "--async", "--rollout-num-gpus", "1",
-                 "--save", str(ckpt), "--save-interval", "1", *extra]  # fmt: skip
+                 "--save", str(ckpt), "--save-interval", "1", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "3",
+                 "--lr-wsd-decay-style", "linear", *extra]  # fmt: skip
         return [a for a in _argv(model, out, *flags) if a != "--colocate"]
 
     # Run 1: killed once rollout 2 is generated (on the weights rollout 0 trained) and rollout 1's checkpoint is
@@ -291,6 +295,11 @@ def test_async_bf16_run_is_one_step_off_policy_and_resumes_in_the_data_order_aft
         times = tb_scalars(tb, key)
         assert sorted(times) == list(range(resumed_at, total)) and all(t > 0 for t in times.values()), (key, times)
     assert sorted(tb_scalars(tb, "perf/update_weights_time")) == list(range(resumed_at, total)), "pushes"
+    # The learning-rate schedule goes on at the checkpoint's step (mid-anneal when it resumes at rollout 3): one
+    # optimizer step per rollout, at megatron-core's WSD rates (TensorBoard keeps float32).
+    rates = [1e-4, 1e-4, 1e-4, 1e-4 * 2 / 3, 1e-4 / 3]
+    lrs = tb_scalars(tb, "train/lr")
+    assert [lrs[k] for k in sorted(lrs)] == pytest.approx(rates[resumed_at:], rel=1e-6), lrs
     # One step off-policy after the resume too: the resumed rollout and the next one on the loaded weights.
     resumed_versions = [{v for s in _dump(out2, r) for v in s["weight_versions"]} for r in range(resumed_at, total)]
     assert len(resumed_versions[0]) == 1 and resumed_versions[0] == resumed_versions[1], resumed_versions

@@ -50,7 +50,7 @@ def test_help_lists_original_flags_that_are_not_fields(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert len(UNSUPPORTED_FLAGS) >= 27
+    assert len(UNSUPPORTED_FLAGS) >= 25  # 27, less --lr-wsd-decay-iters/-style (built since)
     for flag in UNSUPPORTED_FLAGS:
         note = " ".join(unsupported_flag_note(flag).split())
         # argparse may break a line inside a hyphenated word ("--wandb- group"): compare with hyphen breaks undone.
@@ -87,16 +87,37 @@ def test_original_flags_that_are_not_fields_are_accepted_at_the_originals_defaul
         parse_args([*BASE, given[0].split("=")[0], {"--memory-recorder": "memray"}.get(given[0], "nixl")])
 
 
-@pytest.mark.parametrize("backend, style", [("fsdp", "WSD"), ("megatron", "WSD")])
-def test_lr_decay_styles_the_backends_lack_fail_before_the_run(backend, style):
-    with pytest.raises(
-        ConfigError, match=f"--lr-decay-style {style} is not implemented with --train-backend {backend}"
-    ):
-        parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--train-backend", backend, "--lr-decay-style",
-                    style])  # fmt: skip
-    for other in ("fsdp", "megatron"):  # both backends have inverse-square-root (FSDP since issue 27 pass 86)
-        parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--train-backend", other, "--lr-decay-style",
-                    "inverse-square-root"])  # fmt: skip
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+def test_wsd_runs_on_both_backends_with_its_anneal_length(backend):
+    # Was refused on both ("--lr-decay-style WSD is not implemented with --train-backend X", and --lr-wsd-decay-iters
+    # / --lr-wsd-decay-style "not implemented in this version").
+    run = ["--rollout-batch-size", "1", "--num-rollout", "1", "--train-backend", backend, "--lr-decay-style", "WSD"]
+    args = parse_args([*run, "--lr-wsd-decay-iters", "3", "--lr-wsd-decay-style", "minus_sqrt"])
+    assert (args.lr_decay_style, args.lr_wsd_decay_iters, args.lr_wsd_decay_style) == ("WSD", 3, "minus_sqrt")
+    assert parse_args([*run, "--lr-wsd-decay-iters", "3"]).lr_wsd_decay_style == "exponential"  # Megatron-LM's
+    # megatron-core asserts an anneal length when the trainer builds its scheduler, after the engines started.
+    with pytest.raises(ConfigError) as e:
+        parse_args(run)
+    assert str(e.value) == (
+        "--lr-decay-style WSD needs --lr-wsd-decay-iters N: the optimizer steps of the anneal from --lr to --min-lr, "
+        "which ends at --lr-decay-iters (or the run's last step)"
+    )
+    with pytest.raises(ConfigError, match="--lr-wsd-decay-style: invalid choice: 'square'"):
+        parse_args([*run, "--lr-wsd-decay-iters", "3", "--lr-wsd-decay-style", "square"])
+    for style in ("inverse-square-root", "cosine"):  # both backends have every style of megatron-core
+        parse_args([*run[:-1], style])
+
+
+def test_wsd_flags_under_another_style_warn_that_they_do_nothing(monkeypatch, caplog):
+    from slime_core.config import base as config_base
+
+    monkeypatch.setattr(config_base, "_WARNED", set())  # warn_once remembers keys per process
+    with caplog.at_level("WARNING", logger="slime_core.config.base"):
+        parse_args([*BASE, "--lr-decay-style", "cosine", "--lr-wsd-decay-iters", "3", "--lr-wsd-decay-style", "linear"])
+    assert [r.getMessage() for r in caplog.records if "--lr-wsd" in r.getMessage()] == [
+        "--lr-wsd-decay-iters and --lr-wsd-decay-style have no effect with --lr-decay-style cosine (they shape the "
+        "anneal of --lr-decay-style WSD)"
+    ]
 
 
 def test_use_critic_of_the_originals_ppo_docs_says_what_turns_the_critic_on():

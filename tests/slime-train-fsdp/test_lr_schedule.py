@@ -32,8 +32,25 @@ def test_cosine_midpoint_and_end():
 
 def test_constant_and_unknown_style():
     assert lr_at_step(100, lr=0.3, min_lr=0.0, warmup=0, decay_iters=1, style="constant") == 0.3
-    with pytest.raises(ValueError, match="--lr-decay-style"):
-        lr_at_step(0, lr=0.3, min_lr=0.0, warmup=0, decay_iters=1, style="WSD")
+    with pytest.raises(ValueError, match="--lr-decay-style must be one of"):
+        lr_at_step(0, lr=0.3, min_lr=0.0, warmup=0, decay_iters=1, style="polynomial")
+
+
+def test_wsd_holds_lr_then_anneals_over_its_last_steps():
+    # Was refused ("--lr-decay-style must be one of (..., 'inverse-square-root'), got 'WSD'"). A 1-step warmup, --lr
+    # until step 6, the anneal over steps 7-10 (to --min-lr 0.2), --min-lr after: megatron-core's get_lr.
+    kw = dict(lr=1.0, min_lr=0.2, warmup=1, decay_iters=10, style="WSD", wsd_iters=4)
+    coeffs = {"linear": [0.75, 0.5, 0.25, 0.0], "cosine": [(1 + math.cos(math.pi * k / 4)) / 2 for k in (1, 2, 3, 4)],
+              "exponential": [2 * 0.5 ** (k / 4) - 1 for k in (1, 2, 3, 4)],
+              "minus_sqrt": [1 - math.sqrt(k / 4) for k in (1, 2, 3, 4)]}  # fmt: skip
+    for style, coeff in coeffs.items():
+        expected = [0.0] + [1.0] * 6 + [0.2 + 0.8 * c for c in coeff] + [0.2]
+        assert [lr_at_step(s, wsd_style=style, **kw) for s in range(12)] == pytest.approx(expected, abs=1e-12), style
+    assert lr_at_step(3, **kw) == 1.0  # exponential by default (Megatron-LM's --lr-wsd-decay-style)
+    with pytest.raises(ValueError, match="^--lr-decay-style WSD needs --lr-wsd-decay-iters"):
+        lr_at_step(0, **{**kw, "wsd_iters": None})
+    with pytest.raises(ValueError, match=r"got 'square'\)$"):
+        lr_at_step(0, wsd_style="square", **kw)
 
 
 def test_scheduler_drives_optimizer_and_resumes():
@@ -157,6 +174,42 @@ def test_a_resume_with_another_schedule_is_refused_naming_the_flags():
     sched3 = build_lr_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), constant)
     saved = sched3.state_dict()
     assert resume(lr_decay_style="constant", num_rollout=8) == 1.0
+
+
+def test_a_wsd_resume_goes_on_mid_anneal_and_another_anneal_is_refused():
+    # The saved schedule holds the anneal's flags (compared on resume, as the other flags of the schedule are).
+    wsd = dict(lr_decay_style="WSD", lr_wsd_decay_iters=8, lr_wsd_decay_style="cosine", min_lr=0.1)
+    expected = _rates(_run_args(**wsd), 16)
+    assert expected[:9] == [1.0] * 9 and expected[12] == pytest.approx(0.55, abs=1e-12)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_lr_scheduler(opt, _run_args(**wsd))
+    for _ in range(11):  # three steps into the anneal
+        opt.step()
+        sched.step()
+    saved = sched.state_dict()
+
+    def resume(**changed):
+        args = _run_args(**{**wsd, **changed})
+        opt2 = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.lr)
+        sched2 = build_lr_scheduler(opt2, args)
+        load_scheduler_state(sched2, saved)
+        seen = []
+        for _ in range(5):
+            seen.append(opt2.param_groups[0]["lr"])
+            opt2.step()
+            sched2.step()
+        return seen
+
+    assert resume() == pytest.approx(expected[11:16], rel=1e-12)
+    with pytest.raises(ValueError) as e:
+        resume(lr_wsd_decay_iters=6, lr_wsd_decay_style="linear")
+    assert str(e.value) == (
+        "--load: the checkpoint's learning-rate schedule differs from this run's flags (--lr-wsd-decay-iters 6 here "
+        "vs 8 saved; --lr-wsd-decay-style linear here vs cosine saved); a resumed run continues the checkpoint's "
+        "schedule: give the saved values, or --no-load-optim to start the optimizer and its schedule afresh"
+    )
+    with pytest.raises(ValueError, match=r"\(--lr-decay-style cosine here vs WSD saved; --lr-wsd-decay-iters \(unused"):
+        resume(lr_decay_style="cosine")
 
 
 @pytest.mark.parametrize("critic_warmup", [0, 4])

@@ -31,6 +31,8 @@ def _megatron_rates(flags: dict, train_iters: int) -> list[tuple[float, float]]:
         warmup_steps = flags["lr_warmup_fraction"] * decay_steps
     else:
         warmup_steps = flags.get("lr_warmup_iters", 0) * _GBS
+    # Megatron-LM's (and the original's): the anneal in samples when --lr-wsd-decay-iters is given, the style always.
+    wsd_iters = flags.get("lr_wsd_decay_iters")
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
     wd = flags.get("weight_decay", 0.0)
     scheduler = scheduler_module.OptimizerParamScheduler(
@@ -38,6 +40,8 @@ def _megatron_rates(flags: dict, train_iters: int) -> list[tuple[float, float]]:
         lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps,
         lr_decay_style=flags.get("lr_decay_style", "constant"),
         start_wd=wd, end_wd=wd, wd_incr_steps=train_iters * _GBS, wd_incr_style="constant",
+        wsd_decay_steps=None if wsd_iters is None else wsd_iters * _GBS,
+        lr_wsd_decay_style=flags.get("lr_wsd_decay_style", "exponential"),
     )  # fmt: skip
     out = []
     for _ in range(_STEPS):
@@ -102,6 +106,26 @@ _SCHEDULES += [  # megatron-core's inverse-square-root: with a warmup, its rate 
 ]
 
 
+_SCHEDULES += [  # WSD (warmup-stable-decay): every anneal style megatron-core has, in every warmup and decay form
+    dict(lr_decay_style="WSD", lr_wsd_decay_style=style, **extra)
+    for style, extra in itertools.product(
+        ["exponential", "linear", "cosine", "minus_sqrt"],
+        [
+            dict(lr_wsd_decay_iters=10),  # no warmup: --lr for 20 steps, the anneal over the run's last 10
+            dict(lr_wsd_decay_iters=10, min_lr=1e-7),
+            dict(lr_wsd_decay_iters=6, lr_warmup_iters=5, lr_warmup_init=1e-7, min_lr=2e-7),
+            dict(lr_wsd_decay_iters=12, lr_warmup_fraction=0.25),  # 7.5 warmup steps of the run's 30
+            dict(lr_wsd_decay_iters=7, lr_decay_iters=20, lr_warmup_iters=3, min_lr=1e-7),  # --min-lr after step 20
+            dict(lr_wsd_decay_iters=5, lr_decay_iters=17, lr_warmup_fraction=0.3),  # 5.1 warmup steps
+            dict(lr_wsd_decay_iters=25, lr_decay_iters=40, min_lr=5e-7),  # the anneal runs past the 50 steps
+            dict(lr_wsd_decay_iters=30, lr_warmup_iters=8),  # the anneal starts inside the warmup
+            dict(lr_wsd_decay_iters=40, min_lr=1e-7),  # longer than the decay: starts a quarter of the way in
+            dict(lr_wsd_decay_iters=1, weight_decay=0.1),
+        ],
+    )
+]
+
+
 @pytest.mark.parametrize("flags", _SCHEDULES, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
 def test_lr_and_weight_decay_match_megatron_core(flags):
     # Before: step 0 of a warmup ran at lr / warmup (megatron-core: --lr-warmup-init), every warmup step one step
@@ -153,14 +177,23 @@ def test_weight_decay_skips_biases_and_norms_as_megatron_core():
         torch.testing.assert_close(p.detach(), before[n] * factor, rtol=0, atol=1e-7, msg=n)
 
 
-def test_a_resume_from_load_continues_the_schedule_and_the_weight_decay_groups(tmp_path):
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"lr": 1e-6, "min_lr": 1e-7, "lr_decay_style": "cosine", "lr_warmup_iters": 5, "weight_decay": 0.1},
+        # WSD saved mid-anneal (the anneal is steps 5-12; saved after step 6, resumed over steps 7-11).
+        {"lr": 1e-6, "min_lr": 1e-7, "lr_decay_style": "WSD", "lr_wsd_decay_iters": 8, "lr_decay_iters": 12,
+         "lr_wsd_decay_style": "minus_sqrt", "lr_warmup_iters": 2, "weight_decay": 0.1},
+    ],
+    ids=["cosine", "wsd"],
+)  # fmt: skip
+def test_a_resume_from_load_continues_the_schedule_and_the_weight_decay_groups(tmp_path, flags):
     # The trainer's own optimizer (two groups) through save_checkpoint / load_checkpoint: a resume after 7 steps goes
     # on at megatron-core's rate of step 7, not from the warmup's start, with the groups' weight decay kept.
     import torch.distributed as dist
 
     from slime_train_fsdp.checkpoint import load_checkpoint, save_checkpoint
 
-    flags = {"lr": 1e-6, "min_lr": 1e-7, "lr_decay_style": "cosine", "lr_warmup_iters": 5, "weight_decay": 0.1}
     cfg = _cfg(flags, 30)
     expected = [lr for lr, _ in _megatron_rates(flags, train_iters=30)]
 

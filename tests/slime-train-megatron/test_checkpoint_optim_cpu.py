@@ -146,3 +146,41 @@ def test_a_training_checkpoint_of_the_original_slime_is_not_taken_for_weights_at
     )
     assert resume("--no-load-optim") == 6
     assert resume("--finetune") == 0
+
+
+def test_a_wsd_run_resumes_mid_anneal_and_another_anneal_is_refused(cpu_backend_env, tiny_hf, tmp_path,
+                                                                     two_sample_batch):  # fmt: skip
+    # --lr-decay-style WSD was refused; megatron-core's saved schedule leaves the anneal out, so a resume with another
+    # --lr-wsd-decay-iters went on with it unannounced. Here: a 3-step anneal from step 0, saved after one step.
+    import math
+
+    _, hf_dir = tiny_hf("qwen3")
+    megatron_args = ["--fp32", "--transformer-impl", "local", "--no-use-distributed-optimizer", "--lr", "1e-3"]
+    wsd = {"lr": 1e-3, "lr_decay_style": "WSD", "lr_decay_iters": 3, "lr_wsd_decay_iters": 3,
+           "lr_wsd_decay_style": "cosine", "min_lr": 1e-4}  # fmt: skip
+    args = SlimeArgs.from_dict({
+        "rollout_batch_size": 1, "num_rollout": 1, "train_backend": "megatron", "hf_checkpoint": str(hf_dir),
+        "megatron_args": megatron_args, "save": str(tmp_path / "save"), "advantage_estimator": "grpo", **wsd,
+    })  # fmt: skip
+    backend = cpu_backend_env.MegatronTrainBackend()
+    backend.init(args, with_ref=False)
+    backend.train(0, two_sample_batch)
+    backend.save(0)
+    after_one_step = 1e-4 + (1e-3 - 1e-4) * 0.5 * (math.cos(math.pi / 3) + 1)
+    rates = [g["lr"] for g in backend.optimizer.param_groups]
+    assert rates == pytest.approx([after_one_step] * len(rates), rel=1e-12)
+
+    def resume(**changed):
+        load = args.model_copy(update={"megatron_args": [*megatron_args, "--load", str(tmp_path / "save")],
+                                       "save": None, **changed})  # fmt: skip
+        resumed = cpu_backend_env.MegatronTrainBackend()
+        assert resumed.init(load, with_ref=False) == 1
+        return resumed
+
+    resumed = resume()
+    assert resumed.scheduler.num_steps == 1
+    assert [g["lr"] for g in resumed.optimizer.param_groups] == pytest.approx(rates, rel=1e-12)
+    with pytest.raises(ValueError) as e:
+        resume(lr_wsd_decay_iters=2)
+    assert str(e.value).startswith(f"--load {tmp_path / 'save' / 'iter_0000000'}: the checkpoint's learning-rate ")
+    assert "class input value 2 and checkpointvalue 3 for --lr-wsd-decay-iters do not match" in str(e.value)

@@ -1,5 +1,7 @@
 """The Megatron backend's LR schedule: warmup fraction/init and decay over the run (hand-computed, exact to 1e-12)."""
 
+import math
+
 import pytest
 import torch
 
@@ -53,11 +55,58 @@ def test_decay_style_applies_without_lr_decay_iters():
     assert _rates(_args(lr_decay_style="linear", lr_decay_iters=4), 3) == pytest.approx([1.0, 0.75, 0.5])
 
 
-def test_bad_warmup_and_wsd():
+def test_bad_warmup_and_wsd_without_its_anneal():
     with pytest.raises(ValueError, match="only one of --lr-warmup-iters and --lr-warmup-fraction"):
         _rates(_args(lr_warmup_iters=2, lr_warmup_fraction=0.5), 1)
-    with pytest.raises(ValueError, match="WSD is not supported"):
+    # megatron-core asserts an anneal length (a bare AssertionError); validation refuses it before, this is the rest.
+    with pytest.raises(ValueError, match="^--lr-decay-style WSD needs --lr-wsd-decay-iters"):
         _rates(_args(lr_decay_style="WSD"), 1)
+
+
+@pytest.mark.parametrize(
+    "style, coeff",
+    [("linear", lambda r: 1 - r), ("cosine", lambda r: (1 + math.cos(math.pi * r)) / 2),
+     ("exponential", lambda r: 2 * 0.5**r - 1), ("minus_sqrt", lambda r: 1 - math.sqrt(r))],
+)  # fmt: skip
+def test_wsd_holds_lr_then_anneals_over_the_last_steps(style, coeff):
+    # Was refused ("WSD is not supported"). 16 steps in the run, a 2-step warmup from 0.2, the anneal over the last 4
+    # (steps 13-16, from 1.0 to --min-lr 0.1), --min-lr after: megatron-core's WSD in optimizer steps.
+    seen = _rates(_args(lr_decay_style="WSD", lr_wsd_decay_iters=4, lr_wsd_decay_style=style, min_lr=0.1,
+                        lr_warmup_iters=2, lr_warmup_init=0.2), 18)  # fmt: skip
+    anneal = [0.1 + 0.9 * coeff(k / 4) for k in (1, 2, 3, 4)]
+    assert seen == pytest.approx([0.2, 0.6] + [1.0] * 11 + anneal + [0.1], abs=1e-12)
+    assert anneal[-1] == pytest.approx(0.1, abs=1e-12) and anneal[0] < 1.0
+
+
+def test_wsd_state_holds_the_anneal_and_a_resume_with_another_is_refused():
+    # megatron-core's state_dict leaves the anneal out, so a resume with another --lr-wsd-decay-iters or style went on
+    # with the new anneal unannounced (every other flag of the schedule is compared).
+    def build(**kw):
+        args = _args(**{"lr_decay_style": "WSD", "lr_wsd_decay_iters": 4, "min_lr": 0.1, **kw})
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        return opt, build_lr_scheduler(opt, MegatronSettings.from_config(args), args)
+
+    _, sched = build()
+    for _ in range(13):
+        sched.step(increment=1)
+    state = sched.state_dict()
+    assert (state["wsd_decay_steps"], state["lr_wsd_decay_style"]) == (4, "exponential")
+    opt, same = build()
+    same.load_state_dict(state)  # mid-anneal: goes on at step 13's rate, then 14's
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 + 0.9 * (2 * 0.5**0.25 - 1), abs=1e-12)
+    same.step(increment=1)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 + 0.9 * (2 * 0.5**0.5 - 1), abs=1e-12)
+    with pytest.raises(AssertionError, match="class input value 5 and checkpointvalue 4 for --lr-wsd-decay-iters"):
+        build(lr_wsd_decay_iters=5)[1].load_state_dict(state)
+    with pytest.raises(AssertionError, match="value linear and checkpointvalue exponential for --lr-wsd-decay-style"):
+        build(lr_wsd_decay_style="linear")[1].load_state_dict(state)
+    # A schedule of another style keeps megatron-core's layout (no WSD entries) and its own refusal.
+    cosine = _args(lr_decay_style="cosine", min_lr=0.1)
+    plain = build_lr_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0),
+                               MegatronSettings.from_config(cosine), cosine)  # fmt: skip
+    assert "wsd_decay_steps" not in plain.state_dict()
+    with pytest.raises(AssertionError, match="for learning rate decay style do not match"):
+        build()[1].load_state_dict(plain.state_dict())
 
 
 def test_a_resume_with_another_lr_is_refused():

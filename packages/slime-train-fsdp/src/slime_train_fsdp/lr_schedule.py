@@ -2,8 +2,9 @@
 
 Linear warmup from `--lr-warmup-init` (0) to `--lr` over `--lr-warmup-iters` steps (or
 `--lr-warmup-fraction` × `decay_iters`, not rounded, as the original's Megatron), then decay to `--min-lr` over the
-remaining `decay_iters - warmup` steps (`--lr-decay-style` constant | linear | cosine | inverse-square-root), then
-flat at `--min-lr`: megatron-core's `OptimizerParamScheduler.get_lr`.
+remaining `decay_iters - warmup` steps (`--lr-decay-style` constant | linear | cosine | inverse-square-root | WSD),
+then flat at `--min-lr`: megatron-core's `OptimizerParamScheduler.get_lr`. WSD (warmup-stable-decay) holds `--lr`
+until its anneal, the last `--lr-wsd-decay-iters` steps before `decay_iters`, shaped by `--lr-wsd-decay-style`.
 `decay_iters` is `--lr-decay-iters` when set, else the run's total optimizer steps
 `num_rollout * rollout_batch_size * n_samples_per_prompt // global_batch_size`.
 """
@@ -19,13 +20,30 @@ from slime_core.config import SlimeArgs
 
 __all__ = ["build_lr_scheduler", "check_param_groups", "load_scheduler_state", "lr_at_step"]
 
-_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
+_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+# `--lr-wsd-decay-style` -> the anneal's coefficient at the anneal's fraction `r` in [0, 1] (1 at `r = 0`, 0 at
+# `r = 1`): megatron-core's `OptimizerParamScheduler.get_lr`, term for term.
+_WSD_COEFFS = {
+    "linear": lambda r: 1.0 - r,
+    "cosine": lambda r: 0.5 * (math.cos(math.pi * r) + 1.0),
+    "exponential": lambda r: (2.0 * math.pow(0.5, r)) - 1.0,
+    "minus_sqrt": lambda r: 1.0 - math.sqrt(r),
+}
 # The decay length's key in a saved schedule (kept as written: checkpoints compare by it).
 _RUN_LENGTH = "--lr-decay-iters (or the run's length)"
 
 
 def lr_at_step(
-    step: int, *, lr: float, min_lr: float, warmup: float, decay_iters: int, style: str, warmup_init: float = 0.0
+    step: int,
+    *,
+    lr: float,
+    min_lr: float,
+    warmup: float,
+    decay_iters: int,
+    style: str,
+    warmup_init: float = 0.0,
+    wsd_iters: int | None = None,
+    wsd_style: str = "exponential",
 ) -> float:
     """Learning rate used by optimizer step `step` (0-based): megatron-core's `OptimizerParamScheduler.get_lr`.
 
@@ -40,18 +58,29 @@ def lr_at_step(
         warmup: warmup steps (may be fractional: `--lr-warmup-fraction` × `decay_iters`); the rate is
             `warmup_init + (lr - warmup_init) * step / warmup` for `step <= warmup`.
         decay_iters: step at which decay reaches `min_lr`.
-        style: `constant`, `linear`, `cosine` or `inverse-square-root` (`--lr-decay-style`; the last is
-            `max(min_lr, lr * sqrt(max(warmup, 1) / max(step, 1)))` after the warmup, in optimizer steps).
+        style: `constant`, `linear`, `cosine`, `inverse-square-root` or `WSD` (`--lr-decay-style`;
+            inverse-square-root is `max(min_lr, lr * sqrt(max(warmup, 1) / max(step, 1)))` after the warmup, in
+            optimizer steps).
         warmup_init: rate the warmup starts from (`--lr-warmup-init`).
+        wsd_iters: WSD only: the anneal's steps (`--lr-wsd-decay-iters`); it starts at `a = decay_iters - wsd_iters`,
+            and a step `a < step <= decay_iters` after the warmup runs at
+            `min_lr + coeff((step - a) / wsd_iters) * (lr - min_lr)`.
+        wsd_style: WSD only: `coeff` of the anneal (`--lr-wsd-decay-style`): `linear` `1 - r`, `cosine`
+            `(1 + cos(pi r)) / 2`, `exponential` `2 * 0.5**r - 1`, `minus_sqrt` `1 - sqrt(r)`.
 
     Returns:
         The learning rate.
 
     Raises:
-        ValueError: on an unknown style.
+        ValueError: on an unknown style, or WSD without `wsd_iters` or with an unknown `wsd_style`.
     """
     if style not in _STYLES:
         raise ValueError(f"--lr-decay-style must be one of {_STYLES}, got {style!r}")
+    if style == "WSD" and (wsd_iters is None or wsd_style not in _WSD_COEFFS):
+        raise ValueError(
+            f"--lr-decay-style WSD needs --lr-wsd-decay-iters (got {wsd_iters}) and a --lr-wsd-decay-style of "
+            f"{tuple(_WSD_COEFFS)} (got {wsd_style!r})"
+        )
     if warmup > 0 and step <= warmup:
         return warmup_init + (lr - warmup_init) * step / warmup
     if style == "constant":
@@ -60,6 +89,13 @@ def lr_at_step(
         return min_lr
     if style == "inverse-square-root":
         return max(min_lr, lr * math.sqrt(max(warmup, 1)) / math.sqrt(max(step, 1)))
+    if style == "WSD":
+        # megatron-core counts the anneal back from the decay's end, whatever the warmup: a step inside the warmup
+        # took the warmup's rate above, and an anneal longer than the decay starts part-way through.
+        anneal_start = decay_iters - wsd_iters
+        if step <= anneal_start:
+            return lr
+        return min_lr + _WSD_COEFFS[wsd_style]((step - anneal_start) / wsd_iters) * (lr - min_lr)
     # Here warmup < step <= decay_iters, so the span is positive (also where warmup >= decay_iters, which
     # megatron-core refuses: its rate there is --lr through the warmup, then --min-lr).
     frac = (step - warmup) / (decay_iters - warmup)
@@ -95,11 +131,12 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: SlimeArgs) -> torc
     Args:
         optimizer: optimizer whose param groups have `initial_lr = --lr`.
         cfg: reads `lr`, `min_lr`, `lr_warmup_iters`, `lr_warmup_fraction`, `lr_warmup_init`, `lr_decay_style`,
-            `lr_decay_iters`, and `num_rollout`, `rollout_batch_size`, `n_samples_per_prompt`,
-            `global_batch_size`.
+            `lr_decay_iters`, `lr_wsd_decay_iters`, `lr_wsd_decay_style` (WSD), and `num_rollout`,
+            `rollout_batch_size`, `n_samples_per_prompt`, `global_batch_size`.
 
     Raises:
-        ValueError: an unknown decay style, or both `--lr-warmup-iters` and `--lr-warmup-fraction`.
+        ValueError: an unknown decay style, WSD without `--lr-wsd-decay-iters`, or both `--lr-warmup-iters` and
+            `--lr-warmup-fraction`.
     """
     lr = float(cfg.lr)
     decay_iters = _decay_iters(cfg)
@@ -111,6 +148,8 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: SlimeArgs) -> torc
         style=cfg.lr_decay_style,
         warmup_init=float(cfg.lr_warmup_init),
     )
+    if cfg.lr_decay_style == "WSD":  # read only by WSD (and kept in the saved schedule only then)
+        kwargs.update(wsd_iters=cfg.lr_wsd_decay_iters, wsd_style=cfg.lr_wsd_decay_style)
     lr_at_step(0, **kwargs)  # validates the style early
     if lr == 0.0:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.0)
@@ -146,6 +185,9 @@ def _schedule_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
     if kwargs["style"] != "constant":
         out["--min-lr"] = kwargs["min_lr"]
         out[_RUN_LENGTH] = kwargs["decay_iters"]
+    if kwargs["style"] == "WSD":
+        out["--lr-wsd-decay-iters"] = kwargs["wsd_iters"]
+        out["--lr-wsd-decay-style"] = kwargs["wsd_style"]
     return out
 
 

@@ -351,7 +351,7 @@ def load_checkpoint(
                 raise ValueError(
                     f"--load {ckpt}: the checkpoint's learning-rate schedule differs from this run's flags ({e}); a "
                     "resumed run continues the checkpoint's schedule: give the saved --lr/--min-lr/warmup/decay "
-                    "values, or --no-load-optim to start the optimizer and its schedule afresh"
+                    "(and WSD anneal) values, or --no-load-optim to start the optimizer and its schedule afresh"
                 ) from None
     if "rng_state" in template:
         _set_rng_state(state["rng_state"])

@@ -60,6 +60,10 @@ class MegatronSettings(BaseModel):
     lr_warmup_fraction: float | None = Field(None, ge=0, le=1, description="Warm-up as a fraction of the decay steps.")
     lr_warmup_init: float = Field(0.0, ge=0, description="Learning rate the warm-up starts from.")
     lr_decay_iters: int | None = Field(None, description="Decay steps (None → the whole run's optimizer steps).")
+    lr_wsd_decay_iters: int | None = Field(None, ge=1, description="WSD: optimizer steps of the anneal.")
+    lr_wsd_decay_style: Literal["exponential", "linear", "cosine", "minus_sqrt"] = Field(
+        "exponential", description="WSD: the anneal's shape (megatron-core's `lr_wsd_decay_style`)."
+    )
     weight_decay: float = Field(0.0, ge=0)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98

@@ -83,7 +83,7 @@ MEGATRON = TrainBackendSpec(
     megatron_native=True,  # TP/PP/EP and the Megatron flags go to megatron-core
     reads_torch_dist=True,
     checkpoint_format="torch_dist",
-    lr_decay_styles=("constant", "linear", "cosine", "inverse-square-root"),
+    lr_decay_styles=("constant", "linear", "cosine", "inverse-square-root", "WSD"),
     supports_fp16=True,  # OptimizerConfig(fp16=True) and its loss scaler (trainer_parts.build_optimizer)
     supports_opd_teacher=True,  # MegatronTrainBackend._load_teacher
 )

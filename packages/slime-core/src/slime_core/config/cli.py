@@ -10,6 +10,9 @@ Pass-through flags are collected instead of parsed:
 * `--router-<field> [value...]` -> `args.router_args[<field>]`,
 * known Megatron-LM flags (`megatron_flags.MEGATRON_FLAGS`) -> raw tokens in `args.megatron_args`.
 
+Any other flag is an error: one of Megatron-LM's (`megatron_lm_flags`) says so, and what to use instead where there
+is an equivalent; anything else is "unknown flag", with the closest slime flag when one is close.
+
 Run `python -m slime_core.config --help` to list every flag.
 """
 
@@ -33,6 +36,7 @@ from pydantic.fields import FieldInfo
 from slime_core.config.args import SlimeArgs, config_error_from_validation
 from slime_core.config.base import ConfigError, field_to_flag
 from slime_core.config.megatron_flags import MEGATRON_FLAGS
+from slime_core.config.megatron_lm_flags import unsupported_megatron_lm_flag
 from slime_core.config.unsupported import (
     UNSUPPORTED,
     UNSUPPORTED_FLAG_DEFAULTS,
@@ -177,6 +181,9 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], PassThrough, PassThroug
                 i = end  # the original's default, which is what this version does
                 continue
             raise ConfigError(f"{name} is not implemented in this version ({unsupported_flag_note(name)}); remove it")
+        elif (refusal := unsupported_megatron_lm_flag(name)) is not None:
+            # The original passes it to Megatron-LM's parser: not a typo, so no "did you mean" guess.
+            raise ConfigError(refusal)
         else:
             known = sorted(slime_flags | MEGATRON_FLAGS)
             raise ConfigError(f"unknown flag {name}{_suggest(name, known)}")
@@ -335,7 +342,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SlimeArgs:
         The validated config with all derived values filled.
 
     Raises:
-        ConfigError: Unknown flag (with a close-match suggestion), bad value, unreadable or invalid
+        ConfigError: Unknown flag (with a close-match suggestion; a Megatron-LM flag slime does not carry is named as
+            one, with what to use instead where there is an equivalent), bad value, unreadable or invalid
             YAML (with file and line), or a broken validation rule (naming the flags).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -351,6 +359,9 @@ def parse_args(argv: Sequence[str] | None = None) -> SlimeArgs:
             key = next(iter(config.unknown))
             known = [field_to_flag(k).removeprefix("--") for k in SlimeArgs.model_fields]
             dashed = key.replace("_", "-")
+            refusal = unsupported_megatron_lm_flag(f"--{dashed}")
+            if refusal is not None:
+                raise ConfigError(f"--config {config.where[key]}: {refusal}")
             raise ConfigError(f"--config {config.where[key]}: unknown key {dashed!r}{_suggest(dashed, known)}")
         values, where = config.fields, config.where
     values.update(cli)

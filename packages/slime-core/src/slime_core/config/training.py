@@ -158,6 +158,15 @@ class OptimizerArgs(ArgsGroup):
         "constant", "Learning-rate decay style."
     )
     lr_decay_iters: int | None = arg(None, "Decay iterations (default: all training steps).", ge=1)
+    lr_wsd_decay_iters: int | None = arg(
+        None,
+        "--lr-decay-style WSD: optimizer steps of the anneal, the last ones before --lr-decay-iters (or the run's "
+        "end); the rate holds --lr until then (megatron-core's OptimizerParamScheduler).",
+        ge=1,
+    )
+    lr_wsd_decay_style: Literal["exponential", "linear", "cosine", "minus_sqrt"] = arg(
+        "exponential", "--lr-decay-style WSD: the anneal's shape from --lr down to --min-lr (Megatron-LM's choices)."
+    )
     lr_warmup_iters: int = arg(0, "Warmup steps.", ge=0)
     lr_warmup_fraction: float | None = arg(
         None, "Warmup as a fraction of the decay steps (not rounded; exclusive with --lr-warmup-iters).", ge=0, le=1

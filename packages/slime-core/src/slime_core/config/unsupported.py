@@ -97,8 +97,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "--lora-save-merged-hf": "--save-hf with --lora-save-merged writes the merged model too (FSDP LoRA)",
     "--load-forge-rollout-data": "no Forge rollout dumps; replay --save-debug-rollout-data dumps with "
     "--load-debug-rollout-data",
-    "--lr-wsd-decay-iters": "no WSD schedule; use --lr-decay-style linear or cosine",
-    "--lr-wsd-decay-style": "no WSD schedule; use --lr-decay-style linear or cosine",
     "--megatron-deepgemm-forward-layers": "no DeepGEMM FP8 forward; the trainer computes in bf16",
     "--megatron-deepgemm-forward-modules": "no DeepGEMM FP8 forward; the trainer computes in bf16",
     "--megatron-deepgemm-moe-forward-layers": "no DeepGEMM FP8 forward; the trainer computes in bf16",

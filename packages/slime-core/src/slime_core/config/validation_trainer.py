@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from slime_core.config.base import ConfigError, field_to_flag, warn_once
+from slime_core.config.base import ConfigError, field_to_flag, non_default, warn_once
 from slime_core.extensions import train_backend_spec
 
 if TYPE_CHECKING:
@@ -26,9 +26,9 @@ def check_trainer_flags(args: SlimeArgs) -> None:
         args: the config under validation.
 
     Raises:
-        ConfigError: `--lr-decay-style`, `--optimizer` or `--fp16` the backend does not implement;
-            `--use-dynamic-batch-size` without `--max-tokens-per-gpu`; `--balance-by-flops` without it (with it,
-            `--balance-data` is turned on, as in the original);
+        ConfigError: `--lr-decay-style`, `--optimizer` or `--fp16` the backend does not implement; WSD without
+            `--lr-wsd-decay-iters`; `--use-dynamic-batch-size` without `--max-tokens-per-gpu`; `--balance-by-flops`
+            without it (with it, `--balance-data` is turned on, as in the original);
             `--attn-implementation` with Megatron, unknown, or needing a package that is not installed;
             FSDP's memory flags (`--gradient-checkpointing`, `--fsdp-cpu-offload`) with a megatron-core backend;
             `--log-probs-head liger` without liger-kernel or with `--rollout-top-p` < 1; `--min-lr` (or a Megatron
@@ -41,6 +41,7 @@ def check_trainer_flags(args: SlimeArgs) -> None:
             f"--lr-decay-style {args.lr_decay_style} is not implemented with --train-backend {args.train_backend}; use "
             f"{', '.join(styles[:-1])} or {styles[-1]}"
         )
+    _wsd(args)
     if args.optimizer not in spec.optimizers:  # both backends build AdamW: sgd would train with Adam, unannounced
         raise ConfigError(
             f"--optimizer {args.optimizer} is not implemented with --train-backend {args.train_backend}; use "
@@ -57,6 +58,28 @@ def check_trainer_flags(args: SlimeArgs) -> None:
     _attention(args)
     _log_probs_head(args)
     _fsdp_flags(args)
+
+
+def _wsd(args: SlimeArgs) -> None:
+    """`--lr-decay-style WSD` needs its anneal length; the anneal flags do nothing under another style.
+
+    megatron-core's `OptimizerParamScheduler` asserts a WSD anneal length when the trainer builds it, after Ray and the
+    engines started (a bare AssertionError); Megatron-LM reads `--lr-wsd-*` only under WSD, with no word otherwise.
+    """
+    if args.lr_decay_style == "WSD":
+        if args.lr_wsd_decay_iters is None:
+            raise ConfigError(
+                "--lr-decay-style WSD needs --lr-wsd-decay-iters N: the optimizer steps of the anneal from --lr to "
+                "--min-lr, which ends at --lr-decay-iters (or the run's last step)"
+            )
+        return
+    given = non_default(args, ("lr_wsd_decay_iters", "lr_wsd_decay_style"))
+    if given:
+        warn_once(
+            "lr_wsd_without_wsd",
+            f"{' and '.join(map(field_to_flag, given))} have no effect with --lr-decay-style {args.lr_decay_style} "
+            "(they shape the anneal of --lr-decay-style WSD)",
+        )
 
 
 # FSDP's memory flags -> what a megatron-core backend (`TrainBackendSpec.megatron_native`) uses instead: it builds no HF
