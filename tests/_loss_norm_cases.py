@@ -14,7 +14,8 @@ run does. `reference_steps` is the independent reference: per optimizer step, th
   difference (MIGRATION.md, "--calculate-per-token-loss denominator").
 
 `ℓ_it = -A_i·ratio_it` (GRPO on-policy: ratio 1, with the gradient of log π), `A_i` the group-normalized reward. The
-steps' `train/pg_loss` and `train/entropy_loss` are the same reductions of `-A_i` and of the entropy.
+steps' `train/loss` (= `train/pg_loss`: no entropy or KL term) and `train/entropy_loss` are the same reductions of
+`-A_i` and of the entropy; `train/global_batch_size` is `B`.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _mask(sample: Sample) -> torch.Tensor:
 
 
 def reference_steps(model: torch.nn.Module, config_of: Callable, vocab: int = 64) -> dict:
-    """`(case, per_token) -> [(gradient by parameter name, {"train/pg_loss", "train/entropy_loss"}) per step]`.
+    """`(case, per_token) -> [(gradient by parameter name, the step's `train/*` loss metrics) per step]`.
 
     Args:
         model: an fp32 HF causal LM (eager attention), the weights the backends start from.
@@ -122,9 +123,12 @@ def reference_steps(model: torch.nn.Module, config_of: Callable, vocab: int = 64
                     weight = {i: 1.0 / max(rollout_tokens[keys[i]], 1.0) / gbs for i in ids}
                 loss = sum(-advantages[i] * (logp[i] * masks[i]).sum() * weight[i] for i in ids)
                 grads = torch.autograd.grad(loss, list(params.values()), retain_graph=True, allow_unused=True)
+                pg_loss = sum(-advantages[i] * float(masks[i].sum()) * weight[i] for i in ids)
                 metrics = {
-                    "train/pg_loss": sum(-advantages[i] * float(masks[i].sum()) * weight[i] for i in ids),
+                    "train/loss": pg_loss,  # no entropy or KL term
+                    "train/pg_loss": pg_loss,
                     "train/entropy_loss": sum(float((entropy[i] * masks[i]).sum()) * weight[i] for i in ids),
+                    "train/global_batch_size": float(gbs),  # the step's rollouts, as the original logs it
                 }
                 steps.append(({n: g for n, g in zip(params, grads, strict=True) if g is not None}, metrics))
             out[name, per_token] = steps

@@ -48,7 +48,8 @@ def scenario_loss_norm(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict
             args = case_args(ckpt, name, per_token)
             batch = build_rollout_batches(args, cases.case_samples(name), dp_size=world)[rank]
             grads.clear()
-            _, steps = train_on_rollout(args, b, 0, batch)
-            res[name, per_token] = {"grads": list(grads), "steps": steps, "micro_batches": batch.micro_batches,
+            metrics, steps = train_on_rollout(args, b, 0, batch)
+            res[name, per_token] = {"grads": list(grads), "steps": steps, "metrics": metrics,
+                                    "micro_batches": batch.micro_batches,
                                     "sample_indices": batch.sample_indices}  # fmt: skip
     return res

@@ -67,8 +67,9 @@ def run(rank: int, world: int, port: int, hf_dir: str, out_dir: str) -> None:
             args = case_args(hf_dir, name, per_token)
             batch = build_rollout_batches(args, cases.case_samples(name, VOCAB), dp_size=world)[rank]
             grads.clear()
-            _, steps = train_on_rollout(args, backend, 0, batch)
-            res[name, per_token] = {"grads": list(grads), "steps": steps, "micro_batches": batch.micro_batches,
+            metrics, steps = train_on_rollout(args, backend, 0, batch)
+            res[name, per_token] = {"grads": list(grads), "steps": steps, "metrics": metrics,
+                                    "micro_batches": batch.micro_batches,
                                     "sample_indices": batch.sample_indices}  # fmt: skip
     torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()

@@ -72,3 +72,6 @@ def test_each_steps_gradient_and_loss_metrics_are_the_originals(ranks, reference
                 assert worst <= TOL * scale, (key, rank, step, worst, scale)
                 for name, value in metrics.items():
                     assert got["steps"][step][name] == pytest.approx(value, rel=TOL, abs=1e-7), (key, rank, step, name)
+            for name in want_steps[0][1]:  # the rollout's values: the mean over its steps
+                want_mean = sum(metrics[name] for _, metrics in want_steps) / len(want_steps)
+                assert got["metrics"][name] == pytest.approx(want_mean, rel=TOL, abs=1e-7), (key, rank, name)
