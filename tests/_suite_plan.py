@@ -40,6 +40,7 @@ FORKS_RANKS = (
     "tests/slime-train-fsdp/test_context_parallel.py",
     "tests/slime-train-fsdp/test_critic_backend.py",
     "tests/slime-train-fsdp/test_lora.py",
+    "tests/slime-train-fsdp/test_loss_normalization.py",
     "tests/slime-train-fsdp/test_routing_replay.py",
     "tests/slime-train-fsdp/test_true_on_policy_backend.py",
     "tests/slime-train-fsdp/test_vlm.py",

@@ -3,8 +3,8 @@
 Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun style). Each rank writes its results to
 `OUT/rank{RANK}.pt`; the pytest side asserts on them. Scenarios run several checks on one process group. They live
 in sibling modules by concern (`_scenario_single.py`, `_scenario_resume.py`, `_scenario_inputs.py`,
-`_scenario_losses.py`, `_scenario_gpu.py`, `_compile_scenario.py`) and share `_worker_common.py`, which this module
-loads once and they import by name.
+`_scenario_losses.py`, `_scenario_loss_norm.py`, `_scenario_gpu.py`, `_compile_scenario.py`) and share
+`_worker_common.py`, which this module loads once and they import by name.
 """
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ def _sibling(stem: str) -> ModuleType:
 
 
 _common, _compile = _sibling("_worker_common"), _sibling("_compile_scenario")
-_single, _resume, _inputs, _losses, _gpu = (_sibling(s) for s in ("_scenario_single", "_scenario_resume",
-                                                                   "_scenario_inputs", "_scenario_losses",
-                                                                   "_scenario_gpu"))  # fmt: skip
+_single, _resume, _inputs, _losses, _gpu, _loss_norm = (
+    _sibling(s) for s in ("_scenario_single", "_scenario_resume", "_scenario_inputs", "_scenario_losses",
+                          "_scenario_gpu", "_scenario_loss_norm")
+)  # fmt: skip
 
 SCENARIOS = {
     "loss_types": _losses.scenario_loss_types,
+    "loss_norm": _loss_norm.scenario_loss_norm,
     "pipeline": _inputs.scenario_pipeline,
     "tied": _inputs.scenario_tied,
     "single": _single.scenario_single,

@@ -247,11 +247,18 @@ def reduce_metric_sums(sums: dict[str, float], device: torch.device, broadcast) 
         device: this rank's device.
         broadcast: `PipelineRunner.broadcast_from_last_stage`.
     """
-    names = sorted(sums)
-    # All DP ranks run the same loss (same options), so they report the same metric names.
-    vec = to_device(torch.tensor([sums[k] for k in names], dtype=torch.float64), device)
-    if names and parallel_state.is_pipeline_last_stage():
-        dist.all_reduce(vec, group=parallel_state.get_data_parallel_group())
+    if not parallel_state.is_pipeline_last_stage():
+        return broadcast(dict(sums))  # the last stage's sums replace these
+    # The names are agreed over DP first: a rank whose micro-batches of a step were all empty slots (fewer samples in
+    # the step than DP ranks) computed no loss there and has none of that step's names. Taken as its own, the
+    # all-reduce added vectors of other lengths and names (gloo refused them; NCCL would read past the shorter one).
+    group = parallel_state.get_data_parallel_group()
+    gathered: list[list[str] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, sorted(sums), group=group)
+    names = sorted({k for g in gathered for k in (g or [])})
+    vec = to_device(torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64), device)
+    if names:
+        dist.all_reduce(vec, group=group)
     return broadcast(dict(zip(names, vec.tolist(), strict=True)))
 
 

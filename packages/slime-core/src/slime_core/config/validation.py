@@ -21,6 +21,7 @@ from slime_core.config.mismatch import validate_mismatch
 from slime_core.config.monitoring import warn_eval_only_flags
 from slime_core.config.opd import validate_opd
 from slime_core.config.save_hf import CONTAINED_PATH_FLAGS, PROTECTED_PATH_FLAGS, check_save_hf
+from slime_core.config.sglang_ep import check_expert_parallel
 from slime_core.config.sglang_flags import check_managed_sglang_flags
 from slime_core.config.true_on_policy import check_true_on_policy
 from slime_core.config.unsupported import check_unsupported
@@ -526,6 +527,7 @@ def _passthrough(args: SlimeArgs) -> None:
             f"{args.rollout_num_gpus_per_engine} / --sglang-pp-size {pp}): DP attention splits an engine's TP ranks "
             "into that many groups"
         )
+    check_expert_parallel(args.sglang_args, gpus_per_engine=args.rollout_num_gpus_per_engine, pp=pp)
     spec = train_backend_spec(args)
     if spec.megatron_native:
         # Parse the parallel sizes now so a bad value fails at startup, not inside a worker.
