@@ -305,16 +305,17 @@ def test_a_metric_that_is_not_a_number_stops_the_run_in_one_line_naming_it(tmp_p
 
     args = _args("--tensorboard-dir", str(tmp_path / "tb"), "--custom-rollout-log-function-path", "my.log_fn")
     tracker = Tracker(args, str(tmp_path))
-    tracker.log(0, {"rollout/a": np.float32(0.5), "rollout/b": torch.tensor(2.0), "rollout/c": True, "rollout/d": None})
-    assert {k: v for k, v in tracker.history.items()} == {"rollout/a": [(0, 0.5)], "rollout/b": [(0, 2.0)],
-                                                         "rollout/c": [(0, 1.0)]}  # fmt: skip
+    # (The history keeps the curve's series only: the train reward and the eval scores.)
+    tracker.log(0, {"rollout/raw_reward": np.float32(0.5), "eval/b": torch.tensor(2.0), "eval/c": True, "eval/d": None})
+    assert {k: v for k, v in tracker.history.items()} == {"rollout/raw_reward": [(0, 0.5)], "eval/b": [(0, 2.0)],
+                                                         "eval/c": [(0, 1.0)]}  # fmt: skip
     with pytest.raises(RunStopped) as caught:
         tracker.log(1, {"rollout/raw_reward": 0.5, "rollout/dataset": "gsm8k"})
     assert str(caught.value) == (
         "metric 'rollout/dataset' at rollout 1 is str 'gsm8k', not a number (from --custom-rollout-log-function-path "
         "my.log_fn?): TensorBoard and W&B take numbers only"
     )
-    assert "rollout/raw_reward" not in tracker.history  # nothing of the row written
+    assert tracker.history["rollout/raw_reward"] == [(0, 0.5)]  # nothing of the row written
     tracker.close()
 
 

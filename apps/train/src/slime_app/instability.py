@@ -52,6 +52,8 @@ _SPIKE_FLOORS = {
 }
 # Rollouts of train reward averaged on each side of the reward-vs-eval comparison.
 _REWARD_SPAN = 3
+# The metrics whose past a rule reads (`InstabilityMonitor.history`); the others are checked as they arrive only.
+_READ = ("train/entropy_loss", *_SPIKE_FLOORS, "rollout/raw_reward")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,9 +86,11 @@ class InstabilityMonitor:
 
     def __init__(self, cfg: SlimeArgs):
         self.cfg = cfg
+        # What the rules read of the past, trimmed after every observation to what they can still read (`_kept`):
+        # every metric of every rollout was kept for the whole run (7 kB a rollout at 90 keys: 70 MB over 10k
+        # rollouts), and each spike check copied its whole series to read the last window.
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.active: set[str] = set()  # rules firing at the last observation (warned once per episode)
-        self.findings: list[Finding] = []
         self._last_eval: dict[str, tuple[int, float]] = {}
         self._rules: list[Callable[[int, Mapping[str, float]], list[tuple[str, str, float, float, str]]]] = [
             self._entropy,
@@ -105,12 +109,14 @@ class InstabilityMonitor:
             metrics: its `rollout/*`, `train/*` metrics; NaN and infinite values are checked but not kept.
         """
         hits = [hit for rule in self._rules for hit in rule(rollout_id, metrics)]
-        for key, value in metrics.items():
+        for key in _READ:
+            value = metrics.get(key)
             # A NaN or infinite value (the tracker warns about it) stays out of the baselines: one NaN grad norm made
             # the rolling median NaN for the next --instability-window rollouts, and one in the warm-up made the
             # entropy baseline NaN for the whole run, each rule then silently unable to fire.
             if value is not None and math.isfinite(float(value)):
                 self.history[key].append((rollout_id, float(value)))
+        self.history = defaultdict(list, self._kept())
         return self._report(rollout_id, hits, scope="rollout")
 
     def observe_eval(self, rollout_id: int, metrics: Mapping[str, float]) -> list[Finding]:
@@ -140,6 +146,7 @@ class InstabilityMonitor:
                     f"{reward_then:.4g} -> {reward_now:.4g} (both by >= {gap:g}: reward hacking?) "
                     "[--instability-reward-eval-gap]",
                 ))  # fmt: skip
+        self.history = defaultdict(list, self._kept())  # the rewards before an older eval are no longer read
         return self._report(rollout_id, hits, scope="eval")
 
     # ---- resume ---------------------------------------------------------------------------------------------
@@ -152,15 +159,8 @@ class InstabilityMonitor:
         resumed run took its warm-up baseline from its own first rollouts: an entropy collapse under way at the
         resume became the baseline, and every rule waited out a new warm-up.
         """
-        warmup, window = self.cfg.instability_warmup, self.cfg.instability_window
-        kept = {"train/entropy_loss": self.history.get("train/entropy_loss", [])[:warmup]}
-        kept |= {key: self.history.get(key, [])[-window:] for key in _SPIKE_FLOORS}
-        rewards = self.history.get("rollout/raw_reward", [])
-        oldest_eval = min((r for r, _ in self._last_eval.values()), default=None)
-        before = sum(1 for r, _ in rewards if oldest_eval is None or r < oldest_eval)
-        kept["rollout/raw_reward"] = rewards[max(before - _REWARD_SPAN, 0) :]
         return {
-            "history": {key: [list(entry) for entry in entries] for key, entries in kept.items() if entries},
+            "history": {key: [list(entry) for entry in entries] for key, entries in self._kept().items()},
             "last_eval": {key: list(entry) for key, entry in self._last_eval.items()},
             "active": sorted(self.active),
         }
@@ -176,6 +176,22 @@ class InstabilityMonitor:
         active = {str(key) for key in state["active"]}
         self.history = defaultdict(list, history)
         self._last_eval, self.active = last_eval, active
+
+    def _kept(self) -> dict[str, list[tuple[int, float]]]:
+        """The part of `history` the rules can still read (what `observe` keeps and `state` saves).
+
+        The entropy warm-up values, the last `--instability-window` values of each spike metric, and the train
+        rewards from the last `_REWARD_SPAN` before the oldest remembered eval on (the reward-vs-eval rule compares
+        the rewards before the last eval with those before the next one); keys without values are left out.
+        """
+        warmup, window = self.cfg.instability_warmup, self.cfg.instability_window
+        kept = {"train/entropy_loss": self.history.get("train/entropy_loss", [])[:warmup]}
+        kept |= {key: self.history.get(key, [])[-window:] for key in _SPIKE_FLOORS}
+        rewards = self.history.get("rollout/raw_reward", [])
+        oldest_eval = min((r for r, _ in self._last_eval.values()), default=None)
+        before = sum(1 for r, _ in rewards if oldest_eval is None or r < oldest_eval)
+        kept["rollout/raw_reward"] = rewards[max(before - _REWARD_SPAN, 0) :]
+        return {key: entries for key, entries in kept.items() if entries}
 
     # ---- reporting ------------------------------------------------------------------------------------------
 
@@ -195,7 +211,6 @@ class InstabilityMonitor:
             )
             logger.warning(message)
             new.append(finding)
-        self.findings.extend(new)
         return new
 
     @staticmethod

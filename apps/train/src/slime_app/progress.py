@@ -12,7 +12,7 @@ remaining), live from the first phase on. Without a terminal (a log file, CI, `r
 each phase logs one plain line when it starts and one with its seconds when it ends ("done in X s", or "failed after
 X s: <exception type>" when it raised), and while it runs, "still running after X s" lines at 1, 3, 7 and 15 minutes,
 then every 10 (the innermost phase only), so a slow start-up or a long rollout does not look like a hang. Either
-way every start and end is kept as a `PhaseEvent` (tests read them).
+way every start and end is recorded as a `PhaseEvent` (tests read them; the newest `EVENTS_KEPT` or more are kept).
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ class PhaseEvent:
 # late, at most HEARTBEAT_MAX_S apart (a 30-minute rollout logs 5 of them: at 1, 3, 7, 15 and 25 minutes).
 HEARTBEAT_FIRST_S = 60.0
 HEARTBEAT_MAX_S = 600.0
+# Phase events `RunProgress.events` keeps (the newest): a step records about 10, and a run of thousands of rollouts
+# kept every one.
+EVENTS_KEPT = 1000
 
 
 def heartbeat_delays(first_s: float = HEARTBEAT_FIRST_S, max_s: float = HEARTBEAT_MAX_S) -> Iterator[float]:
@@ -109,7 +112,7 @@ class RunProgress:
         heartbeat_s: seconds before a plain-log phase's first "still running" line (`heartbeat_delays`).
 
     Attributes:
-        events: every phase start and end so far.
+        events: the newest phase starts and ends, oldest first: at least the last `EVENTS_KEPT`, at most twice that.
         live: whether the bar is drawn (a terminal) or phases are logged.
     """
 
@@ -167,7 +170,7 @@ class RunProgress:
         label = _label(name, rollout_id, detail)
         previous = self._progress.tasks[0].fields.get("phase"), self._progress.tasks[0].fields.get("phase_started")
         started = self.clock()
-        self.events.append(PhaseEvent(kind="start", name=name, rollout_id=rollout_id))
+        self._record(PhaseEvent(kind="start", name=name, rollout_id=rollout_id))
         # The live line stays short (an 80-column terminal clips it); the log lines carry the detail.
         self._progress.update(self._task, phase=_label(name, rollout_id, ""), phase_started=started)
         stop = threading.Event()
@@ -187,13 +190,18 @@ class RunProgress:
             if not self.live:
                 self._open.pop()
             seconds = self.clock() - started
-            self.events.append(PhaseEvent(kind="end", name=name, rollout_id=rollout_id, seconds=seconds, error=error))
+            self._record(PhaseEvent(kind="end", name=name, rollout_id=rollout_id, seconds=seconds, error=error))
             self._progress.update(self._task, phase=previous[0], phase_started=previous[1])
             if not self.live:
                 if error:
                     logger.info("%s: failed after %.1f s: %s", label, seconds, error)
                 else:
                     logger.info("%s: done in %.1f s", label, seconds)
+
+    def _record(self, event: PhaseEvent) -> None:
+        self.events.append(event)
+        if len(self.events) > 2 * EVENTS_KEPT:  # trimmed in chunks: a `del` of the head copies the list
+            del self.events[:-EVENTS_KEPT]
 
     def _heartbeat(self, label: str, started: float, depth: int, stop: threading.Event) -> None:
         """Logs "<phase>: still running after X s" on `heartbeat_delays` until `stop` is set (innermost phase only)."""
