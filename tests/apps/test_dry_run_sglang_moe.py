@@ -25,12 +25,17 @@ def flags(tmp_path, stub_weights):
     return ["--dry-run", "--train-backend", "fsdp", "--hf-checkpoint", str(model), "--prompt-data", str(data),
             "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "4", "--n-samples-per-prompt",
             "2", "--rollout-max-response-len", "16", "--actor-num-gpus-per-node", "2",
-            "--num-rollout", "2"]  # fmt: skip
+            "--rollout-num-gpus-per-engine", "2", "--num-rollout", "2"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("extra", "named"),
-    [(["--sglang-ep-size", "2"], "--sglang-ep-size 2"), (["--sglang-enable-eplb"], "--sglang-enable-eplb")],
+    # Engines of TP 2: the parse-time EP checks (`slime_core.config.sglang_ep`) pass, and the dry run's model check
+    # is what refuses them.
+    [
+        (["--sglang-ep-size", "2"], "--sglang-ep-size 2"),
+        (["--sglang-ep-size", "2", "--sglang-enable-eplb"], "--sglang-enable-eplb"),
+    ],  # fmt: skip
 )
 def test_sglang_moe_flags_on_a_dense_model_fail_the_dry_run(flags, extra, named, capsys):
     assert main([*flags, *extra]) == 2

@@ -9,19 +9,20 @@ original's `docker/Dockerfile`, with its `docker/patch/latest/megatron.patch` ap
 
     git -C Megatron-LM checkout <MEGATRON_COMMIT>
     git -C Megatron-LM apply <slime>/docker/patch/latest/megatron.patch
-    uv run python packages/slime-core/scripts/megatron_lm_flags.py Megatron-LM <MEGATRON_COMMIT> > \
-        packages/slime-core/src/slime_core/config/megatron_lm_flags.txt
+    PYTHONPATH=Megatron-LM uv run python packages/slime-core/scripts/megatron_lm_flags.py \
+        Megatron-LM <MEGATRON_COMMIT> > packages/slime-core/src/slime_core/config/megatron_lm_flags.txt
 
-It imports Megatron-LM's `megatron.training.arguments` from that checkout (torch and the packages that module imports
-must be installed) and builds the parser with `add_megatron_arguments`, so flags generated from Megatron-LM's config
-dataclasses are listed too. Only option strings are written (no help text), sorted and unique, after a header saying
-where they came from.
+It imports Megatron-LM's `megatron.training.arguments` from that checkout, which `PYTHONPATH` puts first (torch and
+the packages that module imports must be installed), and builds the parser with `add_megatron_arguments`, so flags
+generated from Megatron-LM's config dataclasses are listed too. Only option strings are written (no help text),
+sorted and unique, after a header saying where they came from.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import pathlib
 import sys
 
 
@@ -29,11 +30,15 @@ def megatron_lm_option_strings(checkout: str) -> list[str]:
     """Every `--flag` of Megatron-LM's parser in the checkout `checkout`, sorted.
 
     Raises:
-        ImportError: the checkout's `megatron.training.arguments` cannot be imported here.
+        ImportError: `megatron.training.arguments` cannot be imported, or comes from elsewhere than `checkout`
+            (put the checkout on `PYTHONPATH`: an installed megatron-core has no `megatron.training`).
     """
-    sys.path.insert(0, checkout)  # a standalone tool: the checkout is not an installed package
     with contextlib.redirect_stdout(sys.stderr):  # Megatron-LM prints while it imports; stdout is the file
+        from megatron.training import arguments
         from megatron.training.arguments import add_megatron_arguments
+    if not pathlib.Path(arguments.__file__).resolve().is_relative_to(pathlib.Path(checkout).resolve()):
+        raise ImportError(f"megatron.training.arguments came from {arguments.__file__}, not {checkout}: run with "
+                          f"PYTHONPATH={checkout}")  # fmt: skip
 
         parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
     return sorted({flag for flag in parser._option_string_actions if flag.startswith("--")})
