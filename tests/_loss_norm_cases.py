@@ -138,3 +138,37 @@ def reference_steps(model: torch.nn.Module, config_of: Callable, vocab: int = 64
 def real_micro_batches(micro_batches: list[list[list[int]]], step: int) -> int:
     """How many of a rank's micro-batches in step `step` hold samples."""
     return sum(1 for mb in micro_batches[step] if mb)
+
+
+def assert_matches_reference(
+    reference: dict,
+    results: list[dict],
+    aligned: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+    tol: float,
+) -> None:
+    """Every rank's per-step gradients and loss metrics, and its rollout means, equal `reference_steps`'.
+
+    Args:
+        reference: `{case key: [(grads by name, metrics) per optimizer step]}` from the one-process reference.
+        results: per rank, `{case key: {"grads": [...], "steps": [...], "metrics": {...}}}` from the backend.
+        aligned: the backend's gradients of one step, renamed or sliced to the reference's names and shapes.
+        tol: gradients within `tol` of the step's largest reference entry; metrics within `tol` relative.
+    """
+    import pytest
+
+    for key, want_steps in reference.items():
+        for rank, result in enumerate(results):
+            got = result[key]
+            assert len(got["grads"]) == len(got["steps"]) == len(want_steps), key
+            for step, (want, metrics) in enumerate(want_steps):
+                scale = max(float(g.abs().max()) for g in want.values())
+                assert scale > 1e-4, (key, step)  # not vacuous
+                grads = aligned(got["grads"][step], want)
+                assert grads.keys() == want.keys(), key
+                worst = max(float((grads[n] - g).abs().max()) for n, g in want.items())
+                assert worst <= tol * scale, (key, rank, step, worst, scale)
+                for name, value in metrics.items():
+                    assert got["steps"][step][name] == pytest.approx(value, rel=tol, abs=1e-7), (key, rank, step, name)
+            for name in want_steps[0][1]:  # the rollout's values: the mean over its steps
+                want_mean = sum(metrics[name] for _, metrics in want_steps) / len(want_steps)
+                assert got["metrics"][name] == pytest.approx(want_mean, rel=tol, abs=1e-7), (key, rank, name)

@@ -61,17 +61,7 @@ def test_each_steps_gradient_and_loss_metrics_are_the_originals(ranks, reference
     dynamic = [cases.real_micro_batches(r["dynamic", False]["micro_batches"], 0) for r in results]
     assert dynamic == ([2, 1] if world == 2 else [1, 1, 1])
     assert world == 2 or [len(r["tiny", False]["sample_indices"]) for r in results] == [1, 1, 0]
-    for key, want_steps in reference.items():
-        for rank, result in enumerate(results):
-            got = result[key]
-            assert len(got["grads"]) == len(got["steps"]) == len(want_steps), key
-            for step, (want, metrics) in enumerate(want_steps):
-                scale = max(float(g.abs().max()) for g in want.values())
-                assert scale > 1e-4, (key, step)  # not vacuous
-                worst = max(float((got["grads"][step][n][: g.shape[0]] - g).abs().max()) for n, g in want.items())
-                assert worst <= TOL * scale, (key, rank, step, worst, scale)
-                for name, value in metrics.items():
-                    assert got["steps"][step][name] == pytest.approx(value, rel=TOL, abs=1e-7), (key, rank, step, name)
-            for name in want_steps[0][1]:  # the rollout's values: the mean over its steps
-                want_mean = sum(metrics[name] for _, metrics in want_steps) / len(want_steps)
-                assert got["metrics"][name] == pytest.approx(want_mean, rel=TOL, abs=1e-7), (key, rank, name)
+    # Megatron pads the vocabulary rows of the embedding and output layer: the first rows are the model's.
+    cases.assert_matches_reference(
+        reference, results, lambda got, want: {n: got[n][: g.shape[0]] for n, g in want.items()}, TOL
+    )
