@@ -7,7 +7,7 @@ the conftest so the conftest stays about fixtures, and free of package imports (
   one process. No `-n` sits in the pyproject's addopts, so `-p no:xdist` still works.
 - Whole files go to a worker, in the order of a one-process run (`FileScheduling`); `SAME_WORKER` folders go
   to one worker as one unit. That order is `run_order`'s: the files that fork ranks, then the longest units
-  (`LONGEST_FIRST`), then the rest as collected, so the two workers end together.
+  (`LONGEST_FIRST`), then the rest as collected, so the workers end together.
 - Each worker process gets its own Ray temp root and engine port range (`worker_env`).
 """
 
@@ -19,9 +19,11 @@ import tempfile
 
 import pytest
 
-# An end-to-end run (Ray, engine, trainer in subprocesses) keeps about 1.1 of 2 cores busy, so a second one in
-# parallel shortens the suite; more would not fit the memory of a small CI machine.
-SUITE_WORKERS = 2
+# An end-to-end run (Ray, engine, trainer in subprocesses) keeps about 1.1 of 2 cores busy and waits on start-ups
+# the rest of the time, so a third worker fills that time. Measured on this 2-core, 24 GiB machine, the whole CI
+# (`.ci/run` on a clean clone, 2026-12-07): 3 workers 1,210 s for the README test command, 16.3 GiB peak memory in
+# use, green under a load average of 6-10; 2 workers 1,423 s the run before (under a helper's load for part of it).
+SUITE_WORKERS = 3
 
 # Test files that must not run at the same time as each other: the sandbox tests look for leftover sandbox
 # processes across the whole machine (/proc), and every slime-envs file runs some.

@@ -70,7 +70,7 @@ class _Config:
 
 def test_whole_suite_on_two_workers_chosen_paths_in_one_process():
     suite, chosen = _Config(pytest.Config.ArgsSource.TESTPATHS), _Config(pytest.Config.ArgsSource.ARGS)
-    assert plan.suite_workers(suite, {}) == plan.SUITE_WORKERS == 2
+    assert plan.suite_workers(suite, {}) == plan.SUITE_WORKERS == 3
     assert plan.suite_workers(chosen, {}) == 0
     assert plan.suite_workers(chosen, {"PYTEST_XDIST_AUTO_NUM_WORKERS": "3"}) == 3
     with pytest.raises(ValueError, match="PYTEST_XDIST_AUTO_NUM_WORKERS='two'"):
