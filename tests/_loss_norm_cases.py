@@ -172,3 +172,32 @@ def assert_matches_reference(
             for name in want_steps[0][1]:  # the rollout's values: the mean over its steps
                 want_mean = sum(metrics[name] for _, metrics in want_steps) / len(want_steps)
                 assert got["metrics"][name] == pytest.approx(want_mean, rel=tol, abs=1e-7), (key, rank, name)
+
+
+def train_every_case(backend, args_of, samples_of, grads: list, rank: int, world: int) -> dict:
+    """Each case, per sample and per token, trained on this rank's share by the shared train step.
+
+    Args:
+        backend: a trainer backend whose `optimizer_step` appends the step's gradients to `grads` and steps nothing.
+        args_of: `(case name, per_token) -> SlimeArgs`.
+        samples_of: `case name -> list[Sample]`.
+        grads: the list the backend's `optimizer_step` fills (emptied per case).
+        rank, world: this data-parallel rank and the DP size.
+
+    Returns:
+        `{(name, per_token): {"grads", "steps", "metrics", "micro_batches", "sample_indices"}}`.
+    """
+    from slime_core.train_data import build_rollout_batches
+    from slime_core.train_step import train_on_rollout
+
+    res: dict = {}
+    for name in CASES:
+        for per_token in (False, True):
+            args = args_of(name, per_token)
+            batch = build_rollout_batches(args, samples_of(name), dp_size=world)[rank]
+            grads.clear()
+            metrics, steps = train_on_rollout(args, backend, 0, batch)
+            res[name, per_token] = {"grads": list(grads), "steps": steps, "metrics": metrics,
+                                    "micro_batches": batch.micro_batches,
+                                    "sample_indices": batch.sample_indices}  # fmt: skip
+    return res

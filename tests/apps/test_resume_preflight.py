@@ -2,6 +2,7 @@
 LoRA flags or base weights, a damaged schedule file, missing optimizer state, a rollout-only run's checkpoint."""
 
 import json
+import pathlib
 
 import pytest
 from safetensors.torch import save_file
@@ -13,6 +14,13 @@ from slime_core.config import parse_args
 @pytest.fixture
 def model(qwen3_4b_stub):
     return qwen3_4b_stub
+
+
+def _fsdp_checkpoint(fsdp: pathlib.Path, iteration: int, meta: dict | None = None) -> None:
+    """An FSDP `--save` folder whose latest iteration `iteration` holds `meta.json` (`{}` by default), no weights."""
+    (fsdp / f"iter_{iteration:07d}").mkdir(parents=True)
+    (fsdp / f"iter_{iteration:07d}" / "meta.json").write_text(json.dumps(meta or {}))
+    (fsdp / "latest_checkpointed_iteration.txt").write_text(str(iteration))
 
 
 def test_a_resume_with_another_lr_is_refused_before_the_run(model, tmp_path):
@@ -27,9 +35,7 @@ def test_a_resume_with_another_lr_is_refused_before_the_run(model, tmp_path):
                            "--train-backend", "fsdp", "--lr", "1e-6", "--load", str(fsdp), *extra])  # fmt: skip
 
     fsdp = tmp_path / "fsdp"
-    (fsdp / "iter_0000003").mkdir(parents=True)
-    (fsdp / "iter_0000003" / "meta.json").write_text("{}")
-    (fsdp / "latest_checkpointed_iteration.txt").write_text("3")
+    _fsdp_checkpoint(fsdp, 3)
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-6)
     torch.save(build_lr_scheduler(optimizer, cfg()).state_dict(), fsdp / "iter_0000003" / "scheduler.pt")
     assert check_checkpoints(cfg()) == [f"--load {fsdp}: fsdp checkpoint, the run resumes from it"]
@@ -60,9 +66,7 @@ def test_a_wsd_checkpoint_resumes_and_another_anneal_is_refused_before_the_run(m
                            "--lr-wsd-decay-iters", "4", "--load", str(fsdp), *extra])  # fmt: skip
 
     fsdp = tmp_path / "fsdp"
-    (fsdp / "iter_0000005").mkdir(parents=True)
-    (fsdp / "iter_0000005" / "meta.json").write_text("{}")
-    (fsdp / "latest_checkpointed_iteration.txt").write_text("5")
+    _fsdp_checkpoint(fsdp, 5)
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-6)
     scheduler = build_lr_scheduler(optimizer, cfg())
     for _ in range(6):  # two steps into the anneal of the last 4 of 8 steps
@@ -107,10 +111,8 @@ def test_a_resume_with_other_lora_flags_is_refused_before_the_run(model, tmp_pat
     # A LoRA checkpoint resumed without --lora-rank failed after the engines started, as a checkpoint "damaged after
     # it was written" (DCP's "Missing key in checkpoint state_dict").
     fsdp = tmp_path / "fsdp"
-    (fsdp / "iter_0000001").mkdir(parents=True)
     meta = {"next_rollout_id": 1, "model_flags": {"--lora-rank": 4, "--lora-target-modules": ["q_proj", "v_proj"]}}
-    (fsdp / "iter_0000001" / "meta.json").write_text(json.dumps(meta))
-    (fsdp / "latest_checkpointed_iteration.txt").write_text("1")
+    _fsdp_checkpoint(fsdp, 1, meta)
 
     def cfg(*extra):
         return parse_args(["--rollout-batch-size", "1", "--num-rollout", "2", "--hf-checkpoint", str(model),
@@ -198,9 +200,7 @@ def test_a_checkpoint_saved_without_optimizer_state_needs_no_load_optim(model, t
     # Issue 27: a --no-save-optim checkpoint resumed without --no-load-optim went on silently with a fresh Adam and
     # a learning-rate schedule restarting its warm-up; the original stops on it.
     fsdp = tmp_path / "fsdp"
-    (fsdp / "iter_0000002").mkdir(parents=True)
-    (fsdp / "iter_0000002" / "meta.json").write_text(json.dumps({"next_rollout_id": 2, "save_optim": False}))
-    (fsdp / "latest_checkpointed_iteration.txt").write_text("2")
+    _fsdp_checkpoint(fsdp, 2, {"next_rollout_id": 2, "save_optim": False})
 
     def cfg(*extra):
         return parse_args(["--rollout-batch-size", "1", "--num-rollout", "4", "--hf-checkpoint", str(model),
@@ -252,9 +252,7 @@ def test_a_checkpoint_as_load_of_a_rollout_only_run_is_said_to_be_unread(model, 
     # engines serve --hf-checkpoint). The trainer's checks refused it instead (its learning-rate schedule differs
     # from flags no optimizer uses), or, with the saved flags, it passed with no word that the weights are not it.
     fsdp = tmp_path / "fsdp"
-    (fsdp / "iter_0000003").mkdir(parents=True)
-    (fsdp / "iter_0000003" / "meta.json").write_text("{}")  # no scheduler.pt: the trainer's check refuses it
-    (fsdp / "latest_checkpointed_iteration.txt").write_text("3")
+    _fsdp_checkpoint(fsdp, 3)  # no scheduler.pt: the trainer's check refuses it
     cfg = parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--hf-checkpoint", str(model),
                       "--train-backend", "fsdp", "--debug-rollout-only", "--load", str(fsdp)])  # fmt: skip
     with caplog.at_level("WARNING", logger="slime_app.checkpoints"):

@@ -14,8 +14,6 @@ import torch
 import torch.distributed as dist
 from slime_fsdp_test_worker_common import make_args
 
-from slime_core.train_data import build_rollout_batches
-from slime_core.train_step import train_on_rollout
 from slime_train_fsdp import FSDPTrainBackend
 
 _spec = importlib.util.spec_from_file_location(
@@ -42,14 +40,6 @@ def scenario_loss_norm(ckpt: str, out: pathlib.Path, work: pathlib.Path) -> dict
         return torch.zeros(()), 0.0
 
     b.optimizer_step = capture
-    res: dict = {}
-    for name in cases.CASES:
-        for per_token in (False, True):
-            args = case_args(ckpt, name, per_token)
-            batch = build_rollout_batches(args, cases.case_samples(name), dp_size=world)[rank]
-            grads.clear()
-            metrics, steps = train_on_rollout(args, b, 0, batch)
-            res[name, per_token] = {"grads": list(grads), "steps": steps, "metrics": metrics,
-                                    "micro_batches": batch.micro_batches,
-                                    "sample_indices": batch.sample_indices}  # fmt: skip
-    return res
+    return cases.train_every_case(
+        b, lambda name, per_token: case_args(ckpt, name, per_token), cases.case_samples, grads, rank, world
+    )

@@ -47,8 +47,6 @@ def run(rank: int, world: int, port: int, hf_dir: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     _load("slime_megatron_test_layout_worker", _here.with_name("_layout_worker.py"))._cpu_shims()
-    from slime_core.train_data import build_rollout_batches
-    from slime_core.train_step import train_on_rollout
     from slime_train_megatron.backend import MegatronTrainBackend
 
     backend = MegatronTrainBackend()
@@ -61,16 +59,14 @@ def run(rank: int, world: int, port: int, hf_dir: str, out_dir: str) -> None:
         return torch.zeros(()), 0.0
 
     backend.optimizer_step = capture
-    res: dict = {}
-    for name in cases.CASES:
-        for per_token in (False, True):
-            args = case_args(hf_dir, name, per_token)
-            batch = build_rollout_batches(args, cases.case_samples(name, VOCAB), dp_size=world)[rank]
-            grads.clear()
-            metrics, steps = train_on_rollout(args, backend, 0, batch)
-            res[name, per_token] = {"grads": list(grads), "steps": steps, "metrics": metrics,
-                                    "micro_batches": batch.micro_batches,
-                                    "sample_indices": batch.sample_indices}  # fmt: skip
+    res = cases.train_every_case(
+        backend,
+        lambda name, per_token: case_args(hf_dir, name, per_token),
+        lambda name: cases.case_samples(name, VOCAB),
+        grads,
+        rank,
+        world,
+    )
     torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
