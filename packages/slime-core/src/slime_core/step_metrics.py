@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 
 from slime_core.algorithms import sum_of_sample_mean
 from slime_core.batch import RolloutBatch
@@ -20,6 +21,7 @@ from slime_core.host_to_device import to_device
 
 __all__ = [
     "check_grad_norms",
+    "sum_over_ranks",
     "length_means",
     "length_sums",
     "read_steps",
@@ -201,3 +203,28 @@ def check_grad_norms(records: Sequence[dict[str, float]], key: str) -> None:
                 "the gradients): the run stops before these weights are saved or sent to the engines, as the "
                 "original's Megatron does; --no-check-for-nan-in-loss-and-grad skips such steps instead"
             )
+
+
+def sum_over_ranks(sums: dict[str, float], device: torch.device, group=None) -> dict[str, float]:
+    """Metric sums added over the ranks of `group` (collective; the default group when None).
+
+    The names are agreed first: a rank whose micro-batches of a step were all empty slots (fewer samples in the step
+    than DP ranks) computed no loss there and has none of that step's names; an all-reduce of each rank's own list
+    adds vectors of other lengths and names (gloo refuses them; NCCL reads past the shorter one). A missing name is 0.
+
+    Args:
+        sums: this rank's metric sums.
+        device: where the all-reduce runs (the backend's device).
+        group: the process group (the data-parallel group).
+
+    Returns:
+        `{name: sum over the group's ranks}` for every name any rank has; `{}` when none has one.
+    """
+    gathered: list[list[str] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, sorted(sums), group=group)
+    names = sorted({k for g in gathered for k in (g or [])})
+    if not names:
+        return {}
+    vec = to_device(torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64), device)
+    dist.all_reduce(vec, group=group)
+    return dict(zip(names, vec.cpu().tolist(), strict=True))

@@ -21,6 +21,7 @@ from slime_core.checkpoint_dirs import iteration_name
 from slime_core.config import SlimeArgs
 from slime_core.host_to_device import to_device
 from slime_core.param_filter import frozen_parameter_names
+from slime_core.step_metrics import sum_over_ranks
 from slime_train_fsdp.checkpoint import load_checkpoint
 from slime_train_fsdp.lr_schedule import build_lr_scheduler
 from slime_train_fsdp.offload import HostOffloader
@@ -146,17 +147,10 @@ def all_reduce_sum(tensor: torch.Tensor, device: torch.device, cp: int) -> torch
 def reduce_metric_sums(sums: dict[str, float], device: torch.device, cp: int) -> dict[str, float]:
     """Metric sums over data-parallel ranks (collective).
 
-    A rank whose micro-batches were all empty has no names, so names are agreed first. The `cp` context-parallel
+    Names are agreed first (`slime_core.step_metrics.sum_over_ranks`). The `cp` context-parallel
     ranks of a DP group all compute the group's full sums, so the sum over all ranks is divided by `cp`.
     """
-    gathered: list[list[str] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, sorted(sums))
-    names = sorted({k for g in gathered for k in (g or [])})
-    if not names:
-        return {}
-    vec = to_device(torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64), device)
-    dist.all_reduce(vec)
-    return {k: v / cp for k, v in zip(names, vec.cpu().tolist(), strict=True)}
+    return {k: v / cp for k, v in sum_over_ranks(sums, device).items()}
 
 
 def resume(

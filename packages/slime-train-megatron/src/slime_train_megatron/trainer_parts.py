@@ -28,6 +28,7 @@ from slime_convert import ModelArgs
 from slime_core.config import SlimeArgs
 from slime_core.host_to_device import to_device
 from slime_core.param_filter import frozen_parameter_names
+from slime_core.step_metrics import sum_over_ranks
 from slime_train_megatron.attention import AttentionKind, attention_kind
 from slime_train_megatron.checkpoint import is_megatron_checkpoint, load_checkpoint
 from slime_train_megatron.lr_schedule import build_lr_scheduler
@@ -249,17 +250,8 @@ def reduce_metric_sums(sums: dict[str, float], device: torch.device, broadcast) 
     """
     if not parallel_state.is_pipeline_last_stage():
         return broadcast(dict(sums))  # the last stage's sums replace these
-    # The names are agreed over DP first: a rank whose micro-batches of a step were all empty slots (fewer samples in
-    # the step than DP ranks) computed no loss there and has none of that step's names. Taken as its own, the
-    # all-reduce added vectors of other lengths and names (gloo refused them; NCCL would read past the shorter one).
-    group = parallel_state.get_data_parallel_group()
-    gathered: list[list[str] | None] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, sorted(sums), group=group)
-    names = sorted({k for g in gathered for k in (g or [])})
-    vec = to_device(torch.tensor([sums.get(k, 0.0) for k in names], dtype=torch.float64), device)
-    if names:
-        dist.all_reduce(vec, group=group)
-    return broadcast(dict(zip(names, vec.tolist(), strict=True)))
+    # Names agreed over DP first (a rank without samples in a step has none of its names): `sum_over_ranks`.
+    return broadcast(sum_over_ranks(sums, device, parallel_state.get_data_parallel_group()))
 
 
 class Residency:
